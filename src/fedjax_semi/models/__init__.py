@@ -1,0 +1,29 @@
+"""Models: vmap/scan-friendly layers and the model registry."""
+
+from fedjax_semi.models.layers import Conv, Dropout, avg_pool, global_max_pool, max_pool
+from fedjax_semi.models.zoo import (
+    CNN,
+    MLP,
+    MODELS,
+    Model,
+    ResNet9,
+    make_model,
+    model_names,
+    num_params,
+)
+
+__all__ = [
+    "CNN",
+    "MLP",
+    "MODELS",
+    "Conv",
+    "Dropout",
+    "Model",
+    "ResNet9",
+    "avg_pool",
+    "global_max_pool",
+    "make_model",
+    "max_pool",
+    "model_names",
+    "num_params",
+]

@@ -1,0 +1,82 @@
+"""The algorithm interface, the federated state, and the registry.
+
+A round is three pure, jittable phases, so the engine can compile it as one program or run the
+reference backend (a Python loop of per-client jitted calls) on the same code:
+
+    cohort, inputs, shared = alg.prepare(state, data)        # server: select, gather
+    outputs = map over clients: alg.client_update(input_i, shared)
+    state, metrics = alg.finish(state, cohort, outputs)      # server: aggregate, scatter
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import jax
+from flax import struct
+
+from fedjax_semi.data.federated import FederatedData, TrainView
+
+PyTree = Any
+Mapper = Callable[..., PyTree]  # mapper(fn, xs, *shared) -> stacked outputs
+
+
+@struct.dataclass
+class FLState:
+    """Federated state. Client-stacked leaves lead with [C] (the whole population).
+
+    round: int32 [] rounds completed.
+    global_vars: the server model's variables ({'params', maybe 'batch_stats'}).
+    client_vars: [C]-stacked variables of clients with personal leaves, or {}.
+    client_opt: [C]-stacked optimizer states when they persist across rounds, or {}.
+    sim_time: float32 [] simulated clock in seconds (systems models advance it).
+    extra: method-specific state.
+    """
+
+    round: jax.Array
+    global_vars: PyTree
+    client_vars: PyTree
+    client_opt: PyTree
+    sim_time: jax.Array
+    extra: PyTree
+
+
+class Algorithm(Protocol):
+    name: str
+    roles: tuple[str, ...]
+    oracle: bool  # reads the labels of unlabeled data (fully supervised references only)
+    has_global_model: bool
+
+    def init(self, fed: FederatedData) -> FLState: ...
+
+    def prepare(self, state: FLState, data: TrainView) -> tuple[jax.Array, PyTree, PyTree]: ...
+
+    def client_update(self, inputs: PyTree, shared: PyTree) -> PyTree: ...
+
+    def finish(
+        self, state: FLState, cohort: jax.Array, outputs: PyTree
+    ) -> tuple[FLState, dict]: ...
+
+    def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict: ...
+
+
+ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
+
+
+def register(name: str):
+    def deco(factory):
+        ALGORITHMS[name] = factory
+        return factory
+
+    return deco
+
+
+def algorithm_names() -> list[str]:
+    return sorted(ALGORITHMS)
+
+
+def make_algorithm(name: str, **kwargs) -> Algorithm:
+    if name not in ALGORITHMS:
+        raise ValueError(f"algorithm.name={name!r} is not allowed: one of {algorithm_names()}")
+    return ALGORITHMS[name](**kwargs)

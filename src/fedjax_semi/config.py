@@ -1,0 +1,254 @@
+"""Structured configs (Hydra ConfigStore) and validation.
+
+Every group of `conf/` is typed by one dataclass here, so a misspelt key fails at composition time.
+`validate` checks values before any work starts and raises `ConfigError` with the key, the value
+and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+
+class ConfigError(ValueError):
+    """A config value that is not allowed; the message names key, value and the allowed values."""
+
+
+def bad(key: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"{key}={value!r} is not allowed: {allowed}")
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "fedavg"
+    # Local training: epochs over the client's training role, or a fixed number of steps.
+    local_epochs: int = 1
+    local_steps: int = 0  # used when local_epochs == 0
+    batch_size: int = 32
+    optimizer: str = "sgd"  # sgd | adam | adamw
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    # Keep each client's optimizer state across rounds (personalized methods) or reset it.
+    persist_optimizer: bool = False
+    server_lr: float = 1.0
+    weighting: str = "num_samples"  # num_samples | uniform
+    # Which leaves the server averages: all | none | fedbn | fedper | lg (see engine.aggregate).
+    shared: str = "all"
+    prox_mu: float = 0.0  # FedProx proximal term (mu / 2) ||w - w_global||^2
+    # Pseudo-labelling of the client's own unlabeled data (fedavg_pl).
+    pl_threshold: float = 0.95
+    pl_weight: float = 1.0
+    unlabeled_batch_ratio: int = 1  # unlabeled batch = ratio * batch_size
+    pl_warmup_rounds: int = 0  # rounds of labeled-only training before pseudo-labels are used
+
+
+@dataclass
+class DatasetConfig:
+    name: str = "fashion_mnist"
+    data_dir: str | None = None
+
+
+@dataclass
+class PartitionConfig:
+    scheme: str = "dirichlet"  # iid | dirichlet | shards
+    alpha: float = 0.5
+    classes_per_client: int = 2
+    labeled_fraction: float = 0.1
+    labeled_mode: str = "fixed"  # fixed | dirichlet (per-client ratio ~ Dir_2(label_ratio_alpha))
+    label_ratio_alpha: float = 0.5
+    split: str = "official"  # official | pooled (70/10/20 of train+test)
+    val_fraction: float = 0.0
+    min_client_size: int = 10
+    file: str | None = None  # load a saved partition (.npz) instead of drawing one
+
+
+@dataclass
+class ModelConfig:
+    name: str = "cnn"
+    width: float = 1.0
+    dropout: float = 0.0
+    conv: str = "im2col"  # im2col | xla
+    hidden: list[int] = field(default_factory=lambda: [200, 200])
+    norm: str = "batch"
+
+
+@dataclass
+class HardwareConfig:
+    name: str = "cpu"
+    # Clients mapped per vmap chunk: a positive integer or "all" (pure vmap).
+    chunk: Any = 10
+    eval_chunk: Any = 20
+    eval_batch: int = 1000
+    # jit: one compiled program per round; reference: a Python loop of per-client jitted steps.
+    backend: str = "jit"
+    devices: Any = 1  # number of devices the client axis is sharded over, or "all"
+
+
+@dataclass
+class StopConfig:
+    metric: str = "accuracy"
+    patience: int = 0  # 0 = no early stopping
+    min_rounds: int = 0
+    target: float | None = None  # stop once the metric reaches this value
+
+
+@dataclass
+class Config:
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    stop: StopConfig = field(default_factory=StopConfig)
+    seed: int = 0
+    rounds: int = 30
+    num_clients: int = 100
+    clients_per_round: int = 10
+    eval_every: int = 1
+    checkpoint_every: int = 5
+    resume: bool = False
+    progress: bool = True
+    out_dir: str | None = None  # defaults to Hydra's run directory
+    save_partition: bool = True
+    # Experiment presets may carry the paper's numbers for fedjax-semi-report.
+    paper: Any = None
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for group, node in [
+        ("algorithm", AlgorithmConfig),
+        ("dataset", DatasetConfig),
+        ("partition", PartitionConfig),
+        ("model", ModelConfig),
+        ("hardware", HardwareConfig),
+    ]:
+        cs.store(group=group, name=f"base_{group}", node=node)
+
+
+def as_config(cfg: Any) -> Config:
+    """An OmegaConf node (or Config) as a plain `Config` of dataclasses."""
+    if isinstance(cfg, Config):
+        return cfg
+    from omegaconf import OmegaConf
+
+    obj = OmegaConf.to_object(cfg)
+    if isinstance(obj, Config):
+        return obj
+    return from_dict(obj)
+
+
+def from_dict(d: dict) -> Config:
+    sub = {f.name: f.type for f in dataclasses.fields(Config)}
+    kwargs: dict[str, Any] = {}
+    classes = {
+        "algorithm": AlgorithmConfig,
+        "dataset": DatasetConfig,
+        "partition": PartitionConfig,
+        "model": ModelConfig,
+        "hardware": HardwareConfig,
+        "stop": StopConfig,
+    }
+    for k, v in d.items():
+        if k not in sub:
+            raise bad(k, v, f"one of {sorted(sub)}")
+        if k in classes and isinstance(v, dict):
+            names = {f.name for f in dataclasses.fields(classes[k])}
+            for kk in v:
+                if kk not in names:
+                    raise bad(f"{k}.{kk}", v[kk], f"a key of {k}: {sorted(names)}")
+            v = classes[k](**v)
+        kwargs[k] = v
+    return Config(**kwargs)
+
+
+def parse_chunk(key: str, value: Any) -> int | str:
+    if isinstance(value, str) and value == "all":
+        return "all"
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise bad(key, value, "a positive integer or 'all'") from None
+    if n < 1 or str(n) != str(value).strip():
+        raise bad(key, value, "a positive integer or 'all'")
+    return n
+
+
+def validate(cfg: Config) -> None:
+    """Check every value a run needs before any data is loaded."""
+    from fedjax_semi.algorithms import algorithm_names
+    from fedjax_semi.data.sources import dataset_names
+    from fedjax_semi.models.zoo import model_names
+
+    a, p, h = cfg.algorithm, cfg.partition, cfg.hardware
+    if a.name not in algorithm_names():
+        raise bad("algorithm.name", a.name, f"one of {algorithm_names()}")
+    if cfg.dataset.name not in dataset_names():
+        raise bad("dataset.name", cfg.dataset.name, f"one of {dataset_names()}")
+    if cfg.model.name not in model_names():
+        raise bad("model.name", cfg.model.name, f"one of {model_names()}")
+    if cfg.num_clients < 1:
+        raise bad("num_clients", cfg.num_clients, "an integer >= 1")
+    if not 1 <= cfg.clients_per_round <= cfg.num_clients:
+        raise bad(
+            "clients_per_round",
+            cfg.clients_per_round,
+            f"an integer in [1, num_clients={cfg.num_clients}]",
+        )
+    if cfg.rounds < 1:
+        raise bad("rounds", cfg.rounds, "an integer >= 1")
+    for key in ("eval_every", "checkpoint_every"):
+        if getattr(cfg, key) < 1:
+            raise bad(key, getattr(cfg, key), "an integer >= 1")
+    if p.scheme not in ("iid", "dirichlet", "shards"):
+        raise bad("partition.scheme", p.scheme, "one of ['iid', 'dirichlet', 'shards']")
+    if not p.alpha > 0:
+        raise bad("partition.alpha", p.alpha, "a number > 0")
+    if not 0 < p.labeled_fraction <= 1:
+        raise bad("partition.labeled_fraction", p.labeled_fraction, "a number in (0, 1]")
+    if p.labeled_mode not in ("fixed", "dirichlet"):
+        raise bad("partition.labeled_mode", p.labeled_mode, "one of ['fixed', 'dirichlet']")
+    if not p.label_ratio_alpha > 0:
+        raise bad("partition.label_ratio_alpha", p.label_ratio_alpha, "a number > 0")
+    if p.split not in ("official", "pooled"):
+        raise bad("partition.split", p.split, "one of ['official', 'pooled']")
+    if not 0 <= p.val_fraction < 1:
+        raise bad("partition.val_fraction", p.val_fraction, "a number in [0, 1)")
+    if a.local_epochs < 0 or a.local_steps < 0 or (a.local_epochs == 0 and a.local_steps == 0):
+        raise bad(
+            "algorithm.local_epochs",
+            a.local_epochs,
+            "an integer >= 1, or 0 with algorithm.local_steps >= 1",
+        )
+    if a.batch_size < 1:
+        raise bad("algorithm.batch_size", a.batch_size, "an integer >= 1")
+    if a.optimizer not in ("sgd", "adam", "adamw"):
+        raise bad("algorithm.optimizer", a.optimizer, "one of ['sgd', 'adam', 'adamw']")
+    if not a.lr > 0:
+        raise bad("algorithm.lr", a.lr, "a number > 0")
+    if a.weighting not in ("num_samples", "uniform"):
+        raise bad("algorithm.weighting", a.weighting, "one of ['num_samples', 'uniform']")
+    from fedjax_semi.engine.aggregate import SHARE_PRESETS
+
+    if a.shared not in SHARE_PRESETS:
+        raise bad("algorithm.shared", a.shared, f"one of {sorted(SHARE_PRESETS)}")
+    if a.prox_mu < 0:
+        raise bad("algorithm.prox_mu", a.prox_mu, "a number >= 0")
+    if not 0 <= a.pl_threshold <= 1:
+        raise bad("algorithm.pl_threshold", a.pl_threshold, "a number in [0, 1]")
+    if a.unlabeled_batch_ratio < 1:
+        raise bad("algorithm.unlabeled_batch_ratio", a.unlabeled_batch_ratio, "an integer >= 1")
+    parse_chunk("hardware.chunk", h.chunk)
+    parse_chunk("hardware.eval_chunk", h.eval_chunk)
+    if h.backend not in ("jit", "reference"):
+        raise bad("hardware.backend", h.backend, "one of ['jit', 'reference']")
+    if not (h.devices == "all" or (isinstance(h.devices, int) and h.devices >= 1)):
+        raise bad("hardware.devices", h.devices, "a positive integer or 'all'")
+    if cfg.stop.patience < 0:
+        raise bad("stop.patience", cfg.stop.patience, "an integer >= 0")

@@ -1,0 +1,217 @@
+"""The round loop: one compiled round per iteration, metrics, checkpoints, stop rules.
+
+state = alg.init(fed)                               (or the latest checkpoint, resume=true)
+for r in rounds:
+    state, m = round(state)                         ONE jitted program (or the reference loop)
+    NaN guard; evaluate every eval_every rounds
+    metrics.jsonl += m; checkpoint every checkpoint_every rounds; early stopping
+summary.json, plots/accuracy.png
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from fedjax_semi.algorithms.base import Algorithm, FLState
+from fedjax_semi.config import StopConfig
+from fedjax_semi.data.federated import FederatedData
+from fedjax_semi.engine.clients import LoopMapper, map_clients
+from fedjax_semi.results.rundir import (
+    Checkpointer,
+    MetricsLog,
+    environment,
+    jsonable,
+    plot_curves,
+)
+
+
+class NaNError(RuntimeError):
+    """A client produced a non-finite loss or model; the last good state is checkpointed."""
+
+
+class Runner:
+    """Compiles one round and one evaluation, for the jit backend or the reference loop."""
+
+    def __init__(
+        self,
+        alg: Algorithm,
+        fed: FederatedData,
+        backend: str = "jit",
+        chunk: int | str = "all",
+        eval_chunk: int | str = "all",
+    ) -> None:
+        self.alg, self.fed, self.backend = alg, fed, backend
+        self.data = fed.train_view(oracle=alg.oracle)
+        if backend == "jit":
+            cmap = functools.partial(map_clients, chunk=chunk)
+            emap = functools.partial(map_clients, chunk=eval_chunk)
+
+            def round_fn(state, data):
+                cohort, inputs, shared = alg.prepare(state, data)
+                outputs = cmap(alg.client_update, inputs, shared)
+                return alg.finish(state, cohort, outputs)
+
+            self._round = jax.jit(round_fn)
+            self._eval = jax.jit(lambda s, f: alg.evaluate(s, f, emap))
+        elif backend == "reference":
+            loop = LoopMapper()
+            prepare, finish = jax.jit(alg.prepare), jax.jit(alg.finish)
+
+            def round_fn(state, data):
+                cohort, inputs, shared = prepare(state, data)
+                return finish(state, cohort, loop(alg.client_update, inputs, shared))
+
+            self._round = round_fn
+            self._eval = lambda s, f: alg.evaluate(s, f, loop)
+        else:
+            raise ValueError(f"hardware.backend={backend!r} is not allowed: 'jit' or 'reference'")
+
+    def round(self, state: FLState) -> tuple[FLState, dict]:
+        return self._round(state, self.data)
+
+    def evaluate(self, state: FLState) -> dict:
+        return self._eval(state, self.fed)
+
+
+@dataclass
+class EarlyStopper:
+    """Stops on a target value or after `patience` evaluations without improvement."""
+
+    cfg: StopConfig
+    best: float = -np.inf
+    best_round: int = 0
+    since_best: int = 0
+    history: list = field(default_factory=list)
+
+    def update(self, rnd: int, value: float | None) -> str | None:
+        if value is None:
+            return None
+        if value > self.best:
+            self.best, self.best_round, self.since_best = value, rnd, 0
+        else:
+            self.since_best += 1
+        if self.cfg.target is not None and value >= self.cfg.target:
+            return f"target {self.cfg.metric} >= {self.cfg.target} reached"
+        if (
+            self.cfg.patience
+            and rnd >= self.cfg.min_rounds
+            and self.since_best >= self.cfg.patience
+        ):
+            return f"no improvement of {self.cfg.metric} in {self.cfg.patience} evaluations"
+        return None
+
+
+def _scalars(m: dict) -> dict:
+    return {k: v for k, v in m.items() if np.ndim(v) == 0}
+
+
+def simulate(
+    alg: Algorithm,
+    fed: FederatedData,
+    *,
+    rounds: int,
+    out_dir: Path,
+    runner: Runner,
+    eval_every: int = 1,
+    checkpoint_every: int = 5,
+    resume: bool = False,
+    stop: StopConfig | None = None,
+    progress: bool = True,
+    title: str = "",
+) -> dict:
+    """Run `rounds` rounds and write the run directory. Returns the summary."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stop = stop or StopConfig()
+    log = MetricsLog(out_dir / "metrics.jsonl")
+    ckpt = Checkpointer(out_dir / "checkpoints")
+    state = alg.init(fed)
+    start, rows = 0, []
+    if resume and ckpt.latest() is not None:
+        start = int(ckpt.latest())
+        state = ckpt.restore(start, state)
+        rows = log.truncate(start)
+    elif log.path.exists():
+        log.path.unlink()  # a fresh run starts a fresh log
+    stopper = EarlyStopper(stop)
+    for r in rows:
+        stopper.update(r["round"], r.get(stop.metric))
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=rounds, initial=start, desc=f"{alg.name}", unit="round", disable=not progress)
+    wall0 = time.perf_counter()
+    stop_reason, last_eval = "rounds completed", {}
+    try:
+        for rnd in range(start + 1, rounds + 1):
+            t0 = time.perf_counter()
+            new_state, m = runner.round(state)
+            m = jax.device_get(m)
+            bad = ~np.asarray(m["client_finite"])
+            if bad.any():
+                ckpt.save(rnd - 1, state)  # the last good state, to resume from or inspect
+                clients = np.asarray(m["cohort"])[bad].tolist()
+                stop_reason = f"non-finite loss or model in round {rnd}, clients {clients}"
+                raise NaNError(
+                    f"{stop_reason}; the state after round {rnd - 1} is checkpointed in "
+                    f"{ckpt.directory}"
+                )
+            state = new_state
+            row = {"round": rnd, **_scalars({k: v for k, v in m.items() if k != "client_finite"})}
+            row["sim_time"] = float(state.sim_time)
+            if rnd % eval_every == 0 or rnd == rounds:
+                ev = jax.device_get(runner.evaluate(state))
+                last_eval = ev
+                row.update(_scalars(ev))
+                acc = np.asarray(ev["client_acc"])
+                row["client_acc_p10"], row["client_acc_p90"] = np.percentile(acc, [10, 90])
+            row["wall_time"] = time.perf_counter() - t0
+            row = jsonable(row)
+            log.append(row)
+            rows.append(row)
+            reason = stopper.update(rnd, row.get(stop.metric))
+            if rnd % checkpoint_every == 0 or rnd == rounds or reason:
+                ckpt.save(rnd, state)
+            bar.set_postfix(
+                {k: f"{row[k]:.4f}" for k in ("accuracy", "train_loss") if row.get(k) is not None}
+            )
+            bar.update(1)
+            if reason:
+                stop_reason = reason
+                break
+    except KeyboardInterrupt:
+        ckpt.save(int(state.round), state)
+        stop_reason = f"interrupted after round {int(state.round)}"
+        raise
+    finally:
+        bar.close()
+        summary = _write_summary(out_dir, alg, rows, last_eval, stopper, stop_reason, wall0)
+        if rows:
+            plot_curves(rows, out_dir / "plots" / "accuracy.png", title or alg.name)
+        ckpt.close()
+    return summary
+
+
+def _write_summary(out_dir, alg, rows, last_eval, stopper, stop_reason, wall0) -> dict:
+    evals = [r for r in rows if r.get("accuracy") is not None]
+    final = evals[-1] if evals else {}
+    summary = {
+        "algorithm": alg.name,
+        "rounds_completed": rows[-1]["round"] if rows else 0,
+        "stop_reason": stop_reason,
+        "final": final,
+        "best_accuracy": None if not np.isfinite(stopper.best) else stopper.best,
+        "best_round": stopper.best_round,
+        "client_acc": jsonable(last_eval.get("client_acc", [])),
+        "wall_time_s": time.perf_counter() - wall0,
+        "environment": environment(),
+    }
+    (out_dir / "summary.json").write_text(json.dumps(jsonable(summary), indent=2))
+    return summary

@@ -1,0 +1,261 @@
+"""Local training of one client (vmapped over the cohort by the caller), losses and evaluation.
+
+All functions here see ONE client; `engine.clients.map_clients` adds the client axis.
+Local training is a `lax.scan` over a static number of steps. Clients with less data than the
+cohort's widest table run masked steps that leave their state untouched, so every client of a
+chunk follows one program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_semi.data.federated import RoleTable
+from fedjax_semi.models.zoo import Model
+
+PyTree = Any
+
+
+# ----------------------------------------------------------------------------- losses
+
+
+def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean of values[mask]; 0 when the mask is empty. values, mask: [B]."""
+    m = mask.astype(values.dtype)
+    return jnp.sum(values * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Per-example CE with integer labels: [B, K], [B] -> [B]. Labels < 0 give 0."""
+    safe = jnp.maximum(labels, 0)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, safe) * (labels >= 0)
+
+
+def soft_cross_entropy(logits: jax.Array, target_probs: jax.Array) -> jax.Array:
+    """Per-example CE against soft labels: [B, K], [B, K] -> [B]."""
+    return -jnp.sum(target_probs * jax.nn.log_softmax(logits), axis=-1)
+
+
+def kl_divergence(logits: jax.Array, target_probs: jax.Array) -> jax.Array:
+    """Per-example KL(target || softmax(logits)): [B, K], [B, K] -> [B]."""
+    logt = jnp.log(jnp.clip(target_probs, 1e-12, 1.0))
+    return jnp.sum(target_probs * (logt - jax.nn.log_softmax(logits)), axis=-1)
+
+
+def sq_distance(a: PyTree, b: PyTree) -> jax.Array:
+    """||a - b||^2 over all leaves."""
+    return sum(jnp.sum(jnp.square(x - y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+# ----------------------------------------------------------------------------- optimizers
+
+
+def make_optimizer(name: str, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
+    """An optax optimizer by name (sgd | adam | adamw)."""
+    if name == "sgd":
+        tx = optax.sgd(lr, momentum=momentum or None)
+        return optax.chain(optax.add_decayed_weights(weight_decay), tx) if weight_decay else tx
+    if name == "adam":
+        return optax.adam(lr)
+    if name == "adamw":
+        return optax.adamw(lr, weight_decay=weight_decay)
+    raise ValueError(
+        f"algorithm.optimizer={name!r} is not allowed: one of ['sgd', 'adam', 'adamw']"
+    )
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How many local steps a client runs, and over which batches (static)."""
+
+    batch_size: int
+    epochs: int  # > 0: epochs over the primary table; 0: `steps` random batches
+    steps: int
+
+    def num_steps(self, n_max: int) -> int:
+        if self.epochs > 0:
+            return self.epochs * -(-n_max // self.batch_size)
+        return self.steps
+
+
+def batch_positions(
+    key: jax.Array, count: jax.Array, n_max: int, schedule: Schedule
+) -> tuple[jax.Array, jax.Array]:
+    """Positions into a client's table row for every step.
+
+    Returns (pos int32 [T, B], valid bool [T, B]). Epoch mode walks a fresh permutation of the
+    client's `count` valid entries each epoch; step mode draws B positions uniformly per step.
+    """
+    b = schedule.batch_size
+    if schedule.epochs > 0:
+        spe = -(-n_max // b)
+        keys = jax.random.split(key, schedule.epochs)
+        # Valid entries first, in random order; padding last.
+        slot = jnp.arange(n_max)
+        perms = jax.vmap(
+            lambda k: jnp.argsort(jnp.where(slot < count, jax.random.uniform(k, (n_max,)), 2.0))
+        )(keys)
+        pad = spe * b - n_max
+        perms = jnp.pad(perms, ((0, 0), (0, pad)))
+        valid = jnp.pad(slot < count, (0, pad))
+        pos = perms.reshape(schedule.epochs * spe, b)
+        valid = jnp.tile(valid.reshape(spe, b), (schedule.epochs, 1))
+        return pos.astype(jnp.int32), valid
+    pos = jax.random.randint(key, (schedule.steps, b), 0, jnp.maximum(count, 1))
+    valid = jnp.broadcast_to(count > 0, (schedule.steps, b))
+    return pos.astype(jnp.int32), valid
+
+
+def random_positions(key: jax.Array, count: jax.Array, steps: int, size: int):
+    """`size` uniform positions per step into a table row: (pos [T, size], valid [T, size])."""
+    pos = jax.random.randint(key, (steps, size), 0, jnp.maximum(count, 1))
+    return pos.astype(jnp.int32), jnp.broadcast_to(count > 0, (steps, size))
+
+
+# ----------------------------------------------------------------------------- local training
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalObjective:
+    """The local loss: masked CE on labeled batches, plus optional terms (all knobs).
+
+    prox_mu: FedProx's (mu / 2) ||w - w_anchor||^2.
+    pl_weight, pl_threshold: CE on the client's own confident pseudo-labels (argmax of the
+        model's deterministic prediction at the current step, stop-gradient) of unlabeled inputs.
+    """
+
+    model: Model
+    prox_mu: float = 0.0
+    pl_weight: float = 0.0
+    pl_threshold: float = 0.95
+
+    def __call__(self, params, model_state, batch: dict, rng, anchor, pl_on):
+        variables = {"params": params, **model_state}
+        x, y, valid = batch["x"], batch["y"], batch["valid"]
+        use_pl = self.pl_weight > 0 and "ux" in batch
+        if use_pl:
+            # One forward over labeled and unlabeled inputs, so BatchNorm sees both (FixMatch).
+            logits_all, new_state = self.model.apply(
+                variables, jnp.concatenate([x, batch["ux"]]), train=True, rng=rng
+            )
+            logits, ulogits = logits_all[: x.shape[0]], logits_all[x.shape[0] :]
+        else:
+            logits, new_state = self.model.apply(variables, x, train=True, rng=rng)
+        loss = masked_mean(cross_entropy(logits, y), valid & (y >= 0))
+        aux = {"pl_rate": jnp.zeros(())}
+        if use_pl:
+            teacher, _ = self.model.apply(jax.lax.stop_gradient(variables), batch["ux"])
+            probs = jax.nn.softmax(teacher)
+            confident = (jnp.max(probs, -1) >= self.pl_threshold) & batch["uvalid"] & pl_on
+            pseudo = jnp.argmax(probs, -1)
+            ce_u = cross_entropy(ulogits, pseudo) * confident
+            loss = loss + self.pl_weight * masked_mean(ce_u, batch["uvalid"])
+            aux["pl_rate"] = masked_mean(confident.astype(jnp.float32), batch["uvalid"])
+        if self.prox_mu > 0:
+            loss = loss + 0.5 * self.prox_mu * sq_distance(params, anchor)
+        return loss, (new_state, aux)
+
+
+def local_train(
+    objective: Callable,
+    tx: optax.GradientTransformation,
+    variables: PyTree,
+    opt_state: PyTree,
+    data_x: jax.Array,
+    data_y: jax.Array,
+    table: RoleTable,
+    schedule: Schedule,
+    key_sample: jax.Array,
+    key_dropout: jax.Array,
+    anchor: PyTree | None = None,
+    utable: RoleTable | None = None,
+    unlabeled_batch: int = 0,
+    pl_on: jax.Array | bool = True,
+) -> tuple[PyTree, PyTree, dict]:
+    """Train one client. `table` is this client's row of the primary role (idx [n_max], count []).
+
+    Returns (variables, opt_state, stats) with stats: loss (mean over active steps), steps
+    (number of active steps), pl_rate (mean share of confident pseudo-labels).
+    """
+    n_max = table.idx.shape[0]
+    steps = schedule.num_steps(n_max)
+    pos, valid = batch_positions(key_sample, table.count, n_max, schedule)
+    xs = {"pos": pos, "valid": valid, "step": jnp.arange(steps)}
+    if utable is not None and unlabeled_batch > 0:
+        upos, uvalid = random_positions(
+            jax.random.fold_in(key_sample, 1), utable.count, steps, unlabeled_batch
+        )
+        xs.update(upos=upos, uvalid=uvalid)
+    anchor = variables["params"] if anchor is None else anchor
+    model_state = {k: v for k, v in variables.items() if k != "params"}
+
+    def step(carry, s):
+        params, mstate, opt = carry
+        ids = table.idx[s["pos"]]
+        batch = {"x": data_x[ids], "y": data_y[ids], "valid": s["valid"]}
+        if "upos" in s:
+            batch.update(ux=data_x[utable.idx[s["upos"]]], uvalid=s["uvalid"])
+        rng = jax.random.fold_in(key_dropout, s["step"])
+        (loss, (new_mstate, aux)), grads = jax.value_and_grad(objective, has_aux=True)(
+            params, mstate, batch, rng, anchor, pl_on
+        )
+        updates, new_opt = tx.update(grads, opt, params)
+        new_params = optax.apply_updates(params, updates)
+        # A step with no valid example leaves the client as it was (momentum included).
+        active = jnp.any(s["valid"])
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(active, a, b), new, old)
+        carry = (keep(new_params, params), keep(new_mstate, mstate), keep(new_opt, opt))
+        return carry, (loss * active, active, aux["pl_rate"] * active)
+
+    (params, model_state, opt_state), (losses, active, pl_rate) = jax.lax.scan(
+        step, (variables["params"], model_state, opt_state), xs
+    )
+    n_active = jnp.sum(active)
+    denom = jnp.maximum(n_active, 1)
+    stats = {
+        "loss": jnp.sum(losses) / denom,
+        "steps": n_active,
+        "pl_rate": jnp.sum(pl_rate) / denom,
+    }
+    return {"params": params, **model_state}, opt_state, stats
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def evaluate_row(model: Model, variables: PyTree, data_x, labels, table: RoleTable) -> dict:
+    """Accuracy and loss of one model on one client's table row (idx [n_max], count [])."""
+    logits, _ = model.apply(variables, data_x[table.idx])
+    mask = jnp.arange(table.idx.shape[0]) < table.count
+    y = labels[table.idx]
+    correct = jnp.sum((jnp.argmax(logits, -1) == y) & mask)
+    loss = jnp.sum(cross_entropy(logits, y) * mask)
+    return {"correct": correct, "count": table.count, "loss": loss}
+
+
+def evaluate_indices(
+    model: Model, variables: PyTree, data_x, labels, idx: jax.Array, batch: int
+) -> dict:
+    """Accuracy and mean loss of one model on a server-side index set idx [M], in batches."""
+    m = idx.shape[0]
+    nb = -(-m // batch)
+    padded = jnp.pad(idx, (0, nb * batch - m))
+    valid = jnp.arange(nb * batch) < m
+
+    def one(args):
+        ids, ok = args
+        logits, _ = model.apply(variables, data_x[ids])
+        y = labels[ids]
+        return jnp.sum((jnp.argmax(logits, -1) == y) & ok), jnp.sum(cross_entropy(logits, y) * ok)
+
+    correct, loss = jax.lax.map(one, (padded.reshape(nb, batch), valid.reshape(nb, batch)))
+    return {"accuracy": jnp.sum(correct) / m, "loss": jnp.sum(loss) / m}

@@ -1,0 +1,120 @@
+"""From a validated config to a running experiment: data, partition, model, algorithm, runner."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from fedjax_semi.algorithms import Algorithm, make_algorithm
+from fedjax_semi.config import Config, bad, parse_chunk, validate
+from fedjax_semi.data.federated import FederatedData, build_federated
+from fedjax_semi.data.partition import Partition, build_partition
+from fedjax_semi.data.sources import ArrayDataset, load_dataset
+from fedjax_semi.engine.simulate import Runner, simulate
+from fedjax_semi.models.zoo import Model, make_model
+
+
+@dataclasses.dataclass
+class Experiment:
+    cfg: Config
+    dataset: ArrayDataset
+    partition: Partition
+    fed: FederatedData
+    model: Model
+    alg: Algorithm
+
+    def runner(self, backend: str | None = None, chunk=None, eval_chunk=None) -> Runner:
+        h = self.cfg.hardware
+        return Runner(
+            self.alg,
+            self.fed,
+            backend=backend or h.backend,
+            chunk=parse_chunk("hardware.chunk", h.chunk if chunk is None else chunk),
+            eval_chunk=parse_chunk(
+                "hardware.eval_chunk", h.eval_chunk if eval_chunk is None else eval_chunk
+            ),
+        )
+
+
+def make_partition(cfg: Config, ds: ArrayDataset) -> Partition:
+    p = cfg.partition
+    if p.file:
+        part = Partition.load(p.file)
+        if part.num_clients != cfg.num_clients:
+            raise bad(
+                "num_clients",
+                cfg.num_clients,
+                f"{part.num_clients}, the number of clients in partition.file={p.file}",
+            )
+        return part
+    return build_partition(
+        ds,
+        num_clients=cfg.num_clients,
+        scheme=p.scheme,
+        alpha=p.alpha,
+        classes_per_client=p.classes_per_client,
+        labeled_fraction=p.labeled_fraction,
+        labeled_mode=p.labeled_mode,
+        label_ratio_alpha=p.label_ratio_alpha,
+        split=p.split,
+        val_fraction=p.val_fraction,
+        min_client_size=p.min_client_size,
+        seed=cfg.seed,
+    )
+
+
+def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
+    """Validate, load, partition and construct everything a run needs (no training yet)."""
+    validate(cfg)
+    ds = dataset if dataset is not None else load_dataset(cfg.dataset.name, cfg.dataset.data_dir)
+    part = make_partition(cfg, ds)
+    fed = build_federated(ds.x_train, ds.y_train, ds.x_test, ds.y_test, part, ds.num_classes)
+    m = cfg.model
+    model = make_model(
+        m.name,
+        ds.x_train.shape[1:],
+        ds.num_classes,
+        mean=ds.mean,
+        std=ds.std,
+        width=m.width,
+        dropout=m.dropout,
+        conv_impl=m.conv,
+        hidden=tuple(m.hidden),
+        norm=m.norm,
+    )
+    alg = make_algorithm(
+        cfg.algorithm.name,
+        cfg=cfg.algorithm,
+        model=model,
+        num_clients=cfg.num_clients,
+        clients_per_round=cfg.clients_per_round,
+        seed=cfg.seed,
+        eval_batch=cfg.hardware.eval_batch,
+    )
+    return Experiment(cfg, ds, part, fed, model, alg)
+
+
+def run(exp: Experiment, out_dir: str | Path) -> dict:
+    """Train and write the run directory (metrics.jsonl, summary.json, plots, checkpoints)."""
+    cfg = exp.cfg
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.save_partition:
+        exp.partition.save(out / "partition.npz")
+    (out / "counts.json").write_text(
+        json.dumps({k: v.tolist() for k, v in exp.partition.counts().items()})
+    )
+    return simulate(
+        exp.alg,
+        exp.fed,
+        rounds=cfg.rounds,
+        out_dir=out,
+        runner=exp.runner(),
+        eval_every=cfg.eval_every,
+        checkpoint_every=cfg.checkpoint_every,
+        resume=cfg.resume,
+        stop=cfg.stop,
+        progress=cfg.progress,
+        title=f"{cfg.algorithm.name} on {cfg.dataset.name} ({cfg.partition.scheme})",
+    )

@@ -1,0 +1,319 @@
+"""Model registry: MLP (2NN), FedAvg CNN and ResNet-9 with MC dropout.
+
+All modules share the call signature ``module(x, train, mc)`` on preprocessed float
+``[B, H, W, C]`` input and return logits ``[B, num_classes]``:
+
+* ``train=True``: dropout on, BatchNorm uses batch statistics (``batch_stats`` mutable).
+* ``mc=True`` (with ``train=False``): dropout on, BatchNorm uses running statistics.
+* both False: deterministic inference.
+
+:class:`Model` wraps a module with its input spec and normalization so the engine can
+``init``/``apply`` it under ``jax.vmap`` over a leading client axis of variables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from fedjax_semi.models.layers import Conv, Dropout, global_max_pool, max_pool
+
+Array = jax.Array
+
+CONV_IMPLS = ("im2col", "xla")
+NORMS = ("batch", "none")
+
+
+def _scale(channels: int, width: float) -> int:
+    """Width-scaled channel count, at least 1."""
+    return max(1, int(round(channels * width)))
+
+
+def _flatten(x: Array) -> Array:
+    """``[B, ...] -> [B, prod(...)]``."""
+    return x.reshape((x.shape[0], -1))
+
+
+class MLP(nn.Module):
+    """Fully connected net: flatten -> [Dense(h) -> ReLU -> Dropout] per h -> Dense(classes)."""
+
+    num_classes: int
+    hidden: tuple[int, ...] = (200, 200)
+    dropout: float = 0.0
+
+    @nn.compact
+    def __call__(self, x: Array, train: bool = False, mc: bool = False) -> Array:
+        """x ``[B, H, W, C]`` float -> logits ``[B, num_classes]``."""
+        x = _flatten(x)
+        for h in self.hidden:
+            x = nn.relu(nn.Dense(h)(x))
+            x = Dropout(self.dropout)(x, active=train or mc)
+        return nn.Dense(self.num_classes)(x)
+
+
+class CNN(nn.Module):
+    """FedAvg CNN (McMahan et al. 2017): two 5x5 conv + 2x2 max-pool blocks, Dense(512)."""
+
+    num_classes: int
+    width: float = 1.0
+    dropout: float = 0.0
+    conv_impl: str = "im2col"
+
+    @nn.compact
+    def __call__(self, x: Array, train: bool = False, mc: bool = False) -> Array:
+        """x ``[B, H, W, C]`` float -> logits ``[B, num_classes]``."""
+        for c in (32, 64):
+            x = Conv(_scale(c, self.width), (5, 5), "SAME", impl=self.conv_impl)(x)
+            x = max_pool(nn.relu(x), 2)
+        x = nn.relu(nn.Dense(_scale(512, self.width))(_flatten(x)))
+        x = Dropout(self.dropout)(x, active=train or mc)
+        return nn.Dense(self.num_classes)(x)
+
+
+class ConvBN(nn.Module):
+    """3x3 SAME conv without bias, then BatchNorm (or identity for ``norm="none"``); no ReLU."""
+
+    features: int
+    norm: str = "batch"
+    conv_impl: str = "im2col"
+
+    @nn.compact
+    def __call__(self, x: Array, train: bool) -> Array:
+        """x ``[B, H, W, Cin]`` -> ``[B, H, W, features]``."""
+        x = Conv(self.features, (3, 3), "SAME", use_bias=False, impl=self.conv_impl)(x)
+        if self.norm == "batch":
+            # flax momentum 0.9 == PyTorch momentum 0.1 (the Myrtle/DAWNBench setting).
+            x = nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5)(x)
+        return x
+
+
+class ResNet9(nn.Module):
+    """DAWNBench/Myrtle ResNet-9 with MC dropout in the last residual block.
+
+    Split at the first dropout so the deterministic prefix can be computed once and the
+    stochastic suffix re-sampled: ``__call__ == suffix(*prefix(x, train), train, mc)``.
+    """
+
+    num_classes: int
+    width: float = 1.0
+    dropout: float = 0.0
+    conv_impl: str = "im2col"
+    norm: str = "batch"
+
+    def setup(self) -> None:
+        def block(c: int) -> ConvBN:
+            return ConvBN(_scale(c, self.width), self.norm, self.conv_impl)
+
+        self.prep = block(64)
+        self.layer1 = block(128)
+        self.res1a = block(128)
+        self.res1b = block(128)
+        self.layer2 = block(256)
+        self.layer3 = block(512)
+        self.res2a = block(512)
+        self.res2b = block(512)
+        self.drop_a = Dropout(self.dropout)
+        self.drop_b = Dropout(self.dropout)
+        self.head = nn.Dense(self.num_classes)
+
+    def prefix(self, x: Array, train: bool = False) -> tuple[Array, Array]:
+        """x ``[B, H, W, C]`` -> ``(skip, a)``: layer3 output and BN(res2a conv), both
+        ``[B, H/8, W/8, 512*width]`` (floor division at each pool)."""
+        h = nn.relu(self.prep(x, train))
+        h = max_pool(nn.relu(self.layer1(h, train)), 2)
+        r = nn.relu(self.res1a(h, train))
+        h = h + nn.relu(self.res1b(r, train))
+        h = max_pool(nn.relu(self.layer2(h, train)), 2)
+        h = max_pool(nn.relu(self.layer3(h, train)), 2)
+        return h, self.res2a(h, train)
+
+    def suffix(self, skip: Array, a: Array, train: bool = False, mc: bool = False) -> Array:
+        """``(skip, a)`` from :meth:`prefix` -> logits ``[B, num_classes]``."""
+        active = train or mc
+        r = nn.relu(self.drop_a(a, active))
+        r = nn.relu(self.drop_b(self.res2b(r, train), active))
+        return self.head(global_max_pool(skip + r))
+
+    def __call__(self, x: Array, train: bool = False, mc: bool = False) -> Array:
+        """x ``[B, H, W, C]`` float -> logits ``[B, num_classes]``."""
+        skip, a = self.prefix(x, train)
+        return self.suffix(skip, a, train, mc)
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A module plus its input spec and normalization.
+
+    ``init``/``apply`` are pure functions of their array arguments, so they can be
+    vmapped over a leading client axis of keys/variables.
+    """
+
+    name: str
+    module: nn.Module
+    input_shape: tuple[int, ...]
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    has_batch_stats: bool
+    has_dropout: bool
+
+    def init(self, key: Array) -> dict[str, Any]:
+        """PRNG key -> variables ``{'params': ..., ['batch_stats': ...]}`` (dummy batch of 2)."""
+        dummy = jnp.zeros((2, *self.input_shape), jnp.float32)
+        variables = self.module.init({"params": key, "dropout": key}, dummy, False, False)
+        return dict(variables)
+
+    def preprocess(self, x: Array) -> Array:
+        """uint8/float ``[..., H, W, C]`` -> float32 ``((x / 255) - mean) / std``, same shape."""
+        mean = jnp.asarray(self.mean, jnp.float32)
+        std = jnp.asarray(self.std, jnp.float32)
+        return (jnp.asarray(x).astype(jnp.float32) / 255.0 - mean) / std
+
+    def apply(
+        self,
+        variables: dict[str, Any],
+        x: Array,
+        *,
+        train: bool = False,
+        mc: bool = False,
+        rng: Array | None = None,
+    ) -> tuple[Array, dict[str, Any]]:
+        """Forward pass.
+
+        Args:
+            variables: from :meth:`init` (unbatched; vmap this method for client stacks).
+            x: uint8 or float ``[B, H, W, C]`` raw pixels; preprocessed here.
+            train: dropout on, BatchNorm on batch stats; returns updated ``batch_stats``.
+            mc: (with ``train=False``) dropout on, BatchNorm on running stats.
+            rng: PRNG key for dropout; required when dropout is active and rate > 0.
+
+        Returns:
+            ``(logits [B, num_classes] float32, new_model_state)``; ``new_model_state`` is
+            ``{'batch_stats': ...}`` when ``train`` and the model has BatchNorm, else ``{}``.
+        """
+        if (train or mc) and self.has_dropout and rng is None:
+            raise ValueError(f"{self.name}: rng is required when dropout is active")
+        rngs = {"dropout": rng} if rng is not None else {}
+        x = self.preprocess(x)
+        if train and self.has_batch_stats:
+            logits, state = self.module.apply(
+                variables, x, True, mc, rngs=rngs, mutable=["batch_stats"]
+            )
+            return logits.astype(jnp.float32), dict(state)
+        logits = self.module.apply(variables, x, train, mc, rngs=rngs)
+        return logits.astype(jnp.float32), {}
+
+
+ModuleBuilder = Callable[..., nn.Module]
+
+
+def _build_mlp(
+    num_classes: int, *, width: float, dropout: float, hidden: tuple[int, ...], **_: Any
+) -> nn.Module:
+    return MLP(num_classes, tuple(_scale(h, width) for h in hidden), dropout)
+
+
+def _build_cnn(
+    num_classes: int, *, width: float, dropout: float, conv_impl: str, **_: Any
+) -> nn.Module:
+    return CNN(num_classes, width, dropout, conv_impl)
+
+
+def _build_resnet9(
+    num_classes: int, *, width: float, dropout: float, conv_impl: str, norm: str, **_: Any
+) -> nn.Module:
+    return ResNet9(num_classes, width, dropout, conv_impl, norm)
+
+
+# name -> builder(num_classes, *, width, dropout, conv_impl, hidden, norm) -> nn.Module
+MODELS: dict[str, ModuleBuilder] = {
+    "mlp": _build_mlp,
+    "cnn": _build_cnn,
+    "resnet9": _build_resnet9,
+}
+
+
+def model_names() -> list[str]:
+    """Registered model names, sorted."""
+    return sorted(MODELS)
+
+
+def _invalid(key: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"invalid {key}={value!r}; allowed: {allowed}")
+
+
+def make_model(
+    name: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    mean: Sequence[float] = (0.0,),
+    std: Sequence[float] = (1.0,),
+    width: float = 1.0,
+    dropout: float = 0.0,
+    conv_impl: str = "im2col",
+    hidden: tuple[int, ...] = (200, 200),
+    norm: str = "batch",
+) -> Model:
+    """Build a registered model.
+
+    Args:
+        name: one of :func:`model_names`.
+        input_shape: per-example ``(H, W, C)``.
+        num_classes: number of logits.
+        mean, std: per-channel normalization of ``x / 255`` (length 1 or C).
+        width: channel/unit multiplier (> 0); scaled counts are at least 1.
+        dropout: dropout rate in ``[0, 1)``; 0 disables dropout (and MC sampling).
+        conv_impl: ``"im2col"`` (default, fast under vmap/scan) or ``"xla"``.
+        hidden: MLP hidden sizes (before width scaling).
+        norm: ResNet-9 normalization, ``"batch"`` or ``"none"``.
+
+    Raises:
+        ValueError: naming the offending config key (``model.name``, ``model.width``,
+            ``model.dropout``, ``model.conv``, ``model.norm``).
+    """
+    if name not in MODELS:
+        raise _invalid("model.name", name, ", ".join(model_names()))
+    if not width > 0:
+        raise _invalid("model.width", width, "> 0")
+    if not 0.0 <= dropout < 1.0:
+        raise _invalid("model.dropout", dropout, "0 <= dropout < 1")
+    if conv_impl not in CONV_IMPLS:
+        raise _invalid("model.conv", conv_impl, ", ".join(CONV_IMPLS))
+    if norm not in NORMS:
+        raise _invalid("model.norm", norm, ", ".join(NORMS))
+    input_shape = tuple(int(d) for d in input_shape)
+    channels = input_shape[-1]
+    mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+    for key, vals in (("model.mean", mean), ("model.std", std)):
+        if len(vals) not in (1, channels):
+            raise _invalid(key, vals, f"length 1 or {channels} (input channels)")
+    module = MODELS[name](
+        num_classes,
+        width=width,
+        dropout=dropout,
+        conv_impl=conv_impl,
+        hidden=tuple(hidden),
+        norm=norm,
+    )
+    return Model(
+        name=name,
+        module=module,
+        input_shape=input_shape,
+        num_classes=num_classes,
+        mean=mean,
+        std=std,
+        has_batch_stats=name == "resnet9" and norm == "batch",
+        has_dropout=dropout > 0.0,
+    )
+
+
+def num_params(variables: dict[str, Any]) -> int:
+    """Number of trainable scalars in ``variables['params']`` (or in a bare param tree)."""
+    params = variables.get("params", variables) if isinstance(variables, dict) else variables
+    return int(sum(x.size for x in jax.tree_util.tree_leaves(params)))

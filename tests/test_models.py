@@ -1,0 +1,290 @@
+"""Tests for fedjax_semi.models: im2col conv, pooling, dropout and the model registry."""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_semi.models import (
+    MODELS,
+    Conv,
+    Dropout,
+    avg_pool,
+    make_model,
+    max_pool,
+    model_names,
+    num_params,
+)
+
+SHAPE = (28, 28, 1)
+# Small widths keep the whole file fast on a 2-core CPU.
+SMALL = {
+    "mlp": dict(width=0.1),
+    "cnn": dict(width=0.125),
+    "resnet9": dict(width=0.0625),
+}
+
+
+def _shapes(tree):
+    return jax.tree_util.tree_map(lambda a: a.shape, tree)
+
+
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+@pytest.mark.parametrize("k", [3, 5])
+def test_conv_matches_flax_conv(padding: str, k: int) -> None:
+    x = jax.random.normal(jax.random.key(0), (2, 9, 8, 3))
+    ref = nn.Conv(4, (k, k), padding=padding)
+    variables = ref.init(jax.random.key(1), x)
+    ours = Conv(4, (k, k), padding=padding)
+    # Same param tree (names and shapes) as nn.Conv.
+    assert _shapes(ours.init(jax.random.key(1), x)) == _shapes(variables)
+    # Non-zero bias so the bias path is exercised too.
+    variables = jax.tree_util.tree_map(lambda a: a + 0.1, variables)
+    want = ref.apply(variables, x)
+    got = ours.apply(variables, x)
+    got_xla = Conv(4, (k, k), padding=padding, impl="xla").apply(variables, x)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(got_xla, want, atol=1e-5, rtol=1e-5)
+
+
+def test_conv_grad_inside_scan_matches_unrolled() -> None:
+    conv = Conv(4, (3, 3))
+    xs = jax.random.normal(jax.random.key(0), (3, 2, 6, 6, 2))
+    params = conv.init(jax.random.key(1), xs[0])
+
+    def loss(p, x):
+        return jnp.sum(conv.apply(p, x) ** 2)
+
+    def step(p, x):
+        g = jax.grad(loss)(p, x)
+        return jax.tree_util.tree_map(lambda a, b: a - 0.01 * b, p, g), g
+
+    scanned, gs = jax.jit(lambda p: jax.lax.scan(step, p, xs))(params)
+    p = params
+    for t in range(xs.shape[0]):
+        p, g = step(p, xs[t])
+        jax.tree_util.tree_map(
+            lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4),
+            jax.tree_util.tree_map(lambda a, t=t: a[t], gs),
+            g,
+        )
+    jax.tree_util.tree_map(
+        lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), scanned, p
+    )
+
+
+@pytest.mark.parametrize("hw", [(7, 7), (8, 6), (5, 9)])
+@pytest.mark.parametrize("window", [2, 3])
+def test_pooling_matches_numpy(hw: tuple[int, int], window: int) -> None:
+    h, w = hw
+    x = np.random.default_rng(0).normal(size=(2, h, w, 3)).astype(np.float32)
+    ho, wo = h // window, w // window
+    want_max = np.empty((2, ho, wo, 3), np.float32)
+    want_avg = np.empty((2, ho, wo, 3), np.float32)
+    for i in range(ho):
+        for j in range(wo):
+            patch = x[:, i * window : (i + 1) * window, j * window : (j + 1) * window, :]
+            want_max[:, i, j] = patch.max(axis=(1, 2))
+            want_avg[:, i, j] = patch.mean(axis=(1, 2))
+    np.testing.assert_allclose(max_pool(jnp.asarray(x), window), want_max, rtol=1e-6)
+    np.testing.assert_allclose(avg_pool(jnp.asarray(x), window), want_avg, rtol=1e-6)
+    # Same floor semantics as flax's VALID pooling.
+    ref = nn.max_pool(jnp.asarray(x), (window, window), (window, window), "VALID")
+    np.testing.assert_allclose(max_pool(jnp.asarray(x), window), ref)
+
+
+def test_max_pool_7x7_gives_3x3() -> None:
+    assert max_pool(jnp.zeros((1, 7, 7, 4))).shape == (1, 3, 3, 4)
+
+
+def test_dropout_inverted_and_switchable() -> None:
+    x = jnp.ones((1000,))
+    d = Dropout(0.5)
+    assert d.apply({}, x, active=False) is x
+    y = d.apply({}, x, active=True, rngs={"dropout": jax.random.key(0)})
+    assert set(np.unique(np.asarray(y)).tolist()) <= {0.0, 2.0}
+    assert 0.4 < float(jnp.mean(y == 0)) < 0.6
+
+
+def test_registry_and_validation() -> None:
+    assert model_names() == sorted(MODELS) == ["cnn", "mlp", "resnet9"]
+    with pytest.raises(ValueError, match=r"model\.name.*'bogus'.*cnn, mlp, resnet9"):
+        make_model("bogus", SHAPE, 10)
+    with pytest.raises(ValueError, match=r"model\.width"):
+        make_model("cnn", SHAPE, 10, width=0.0)
+    with pytest.raises(ValueError, match=r"model\.dropout"):
+        make_model("cnn", SHAPE, 10, dropout=1.0)
+    with pytest.raises(ValueError, match=r"model\.conv"):
+        make_model("cnn", SHAPE, 10, conv_impl="fft")
+
+
+def test_fedavg_cnn_param_count() -> None:
+    # conv1 5*5*1*32+32 + conv2 5*5*32*64+64 + dense 7*7*64*512+512 + out 512*10+10.
+    model = make_model("cnn", SHAPE, 10)
+    variables = jax.eval_shape(model.init, jax.random.key(0))
+    assert num_params(variables) == 1_663_370
+
+
+def test_mlp_2nn_param_count() -> None:
+    model = make_model("mlp", SHAPE, 10)
+    variables = jax.eval_shape(model.init, jax.random.key(0))
+    assert num_params(variables) == 784 * 200 + 200 + 200 * 200 + 200 + 200 * 10 + 10
+
+
+def _images(n: int = 4, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=(n, *SHAPE), dtype=np.uint8)
+
+
+def _client(tree, c: int):
+    return jax.tree_util.tree_map(lambda a: a[c], tree)
+
+
+@functools.cache
+def _setup(name: str):
+    """Model (dropout 0.5), 3 clients' variables from a vmapped init, and a jitted apply.
+
+    Cached and jitted because XLA:CPU compiles dominate this file's runtime. Init keys use
+    the "rbg" PRNG: threefry init compiles ~0.7 s per parameter tensor here, and the
+    vmap-vs-per-client checks below only need the stacked variables, not init equality.
+    """
+    model = make_model(name, SHAPE, 10, mean=(0.13,), std=(0.31,), dropout=0.5, **SMALL[name])
+    keys = jax.random.split(jax.random.key(0, impl="rbg"), 3)
+    stacked = jax.jit(jax.vmap(model.init))(keys)
+    # Always pass an rng so eval with/without it shares one compile (None is checked traced).
+    jitted = jax.jit(model.apply, static_argnames=("train", "mc"))
+
+    def apply(variables, x, *, train: bool = False, mc: bool = False, rng=None):
+        return jitted(
+            variables, x, train=train, mc=mc, rng=jax.random.key(0) if rng is None else rng
+        )
+
+    return model, stacked, apply
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet9"])
+def test_model_forward_modes(name: str) -> None:
+    model, stacked, apply = _setup(name)
+    variables = _client(stacked, 0)
+    assert set(variables) == ({"params", "batch_stats"} if model.has_batch_stats else {"params"})
+    # Model.init also works un-vmapped (traced only, to keep the test fast).
+    assert _shapes(jax.eval_shape(model.init, jax.random.key(0))) == _shapes(variables)
+    x = _images()
+    # uint8 and the equivalent raw float input normalize identically.
+    np.testing.assert_allclose(model.preprocess(x), model.preprocess(x.astype(np.float32)))
+    np.testing.assert_allclose(model.preprocess(x)[0, 0, 0, 0], (x[0, 0, 0, 0] / 255 - 0.13) / 0.31)
+
+    logits, state = apply(variables, x)
+    assert logits.shape == (4, 10) and logits.dtype == jnp.float32
+    assert state == {}
+    traced = jax.eval_shape(lambda v: model.apply(v, x), variables)  # no rng needed in eval
+    assert traced[0].shape == (4, 10) and traced[1] == {}
+    # Eval ignores dropout even when an rng is passed.
+    e1, _ = apply(variables, x, rng=jax.random.key(1))
+    e2, _ = apply(variables, x, rng=jax.random.key(2))
+    np.testing.assert_array_equal(e1, e2)
+    np.testing.assert_allclose(e1, logits, atol=1e-6)
+
+    # MC dropout: stochastic across rngs, BN on running stats, no state returned.
+    mc1, s1 = apply(variables, x, mc=True, rng=jax.random.key(1))
+    mc2, s2 = apply(variables, x, mc=True, rng=jax.random.key(2))
+    assert s1 == {} and s2 == {}
+    assert not np.allclose(mc1, mc2)
+    with pytest.raises(ValueError, match="rng"):
+        model.apply(variables, x, mc=True)
+
+    # Training mode.
+    tr, new_state = apply(variables, x, train=True, rng=jax.random.key(3))
+    assert tr.shape == (4, 10)
+    if model.has_batch_stats:
+        assert set(new_state) == {"batch_stats"}
+        assert _shapes(new_state["batch_stats"]) == _shapes(variables["batch_stats"])
+        changed = jax.tree_util.tree_map(
+            lambda a, b: not np.allclose(a, b), new_state["batch_stats"], variables["batch_stats"]
+        )
+        assert all(jax.tree_util.tree_leaves(changed))
+    else:
+        assert new_state == {}
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet9"])
+def test_mc_without_dropout_is_deterministic(name: str) -> None:
+    _, stacked, _ = _setup(name)
+    model = make_model(name, SHAPE, 10, dropout=0.0, **SMALL[name])
+    assert not model.has_dropout
+    variables = _client(stacked, 0)
+    x = _images()
+    mc = jax.jit(lambda v, x, r: model.apply(v, x, mc=True, rng=r)[0])
+    np.testing.assert_array_equal(
+        mc(variables, x, jax.random.key(1)), mc(variables, x, jax.random.key(2))
+    )
+    # rng is optional when dropout is off (traced only).
+    out = jax.eval_shape(lambda v: model.apply(v, x, mc=True), variables)
+    assert out[0].shape == (4, 10) and out[1] == {}
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet9"])
+def test_vmap_over_clients_matches_per_client(name: str) -> None:
+    model, stacked, apply = _setup(name)
+    xs = jnp.stack([jnp.asarray(_images(seed=s)) for s in range(3)])
+    rngs = jax.random.split(jax.random.key(9), 3)
+
+    def train(v, x, r):
+        # Exercises dropout rngs and the mutable batch_stats path under vmap.
+        return model.apply(v, x, train=True, rng=r)
+
+    logits, states = jax.jit(jax.vmap(train))(stacked, xs, rngs)
+    eval_logits = jax.jit(jax.vmap(lambda v, x: model.apply(v, x)[0]))(stacked, xs)
+    assert logits.shape == eval_logits.shape == (3, 4, 10)
+    for c in range(3):
+        v = _client(stacked, c)
+        one_logits, one_state = apply(v, xs[c], train=True, rng=rngs[c])
+        np.testing.assert_allclose(logits[c], one_logits, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(eval_logits[c], apply(v, xs[c])[0], atol=1e-5, rtol=1e-5)
+        jax.tree_util.tree_map(
+            lambda a, b, c=c: np.testing.assert_allclose(a[c], b, atol=1e-5, rtol=1e-5),
+            states,
+            one_state,
+        )
+    # Clients really differ (independent inits).
+    assert not np.allclose(eval_logits[0], eval_logits[1])
+
+
+def test_resnet9_prefix_suffix_and_norm_none() -> None:
+    model, stacked, apply = _setup("resnet9")
+    variables = _client(stacked, 0)
+    x = _images()
+    prefix = jax.jit(lambda v, x: model.module.apply(v, x, False, method="prefix"))
+    skip, a = prefix(variables, model.preprocess(x))
+    assert skip.shape == a.shape == (4, 3, 3, 32)  # 28 -> 14 -> 7 -> 3; 512 / 16 channels
+    rng = jax.random.key(5)
+    suffix = jax.jit(
+        lambda v, s, a, r: model.module.apply(
+            v, s, a, False, True, method="suffix", rngs={"dropout": r}
+        )
+    )
+    whole, _ = apply(variables, x, mc=True, rng=rng)
+    np.testing.assert_allclose(suffix(variables, skip, a, rng), whole, atol=1e-5)
+
+    plain = make_model("resnet9", SHAPE, 10, width=0.0625, norm="none")
+    pv = jax.eval_shape(plain.init, jax.random.key(0))
+    assert not plain.has_batch_stats and set(pv) == {"params"}
+    logits, state = jax.eval_shape(lambda v: plain.apply(v, x, train=True), pv)
+    assert logits.shape == (4, 10) and state == {}
+
+
+def test_conv_impl_xla_same_params_same_logits() -> None:
+    m_i, stacked, apply = _setup("cnn")
+    m_x = make_model(
+        "cnn", SHAPE, 10, mean=(0.13,), std=(0.31,), dropout=0.5, conv_impl="xla", **SMALL["cnn"]
+    )
+    v = _client(stacked, 0)
+    assert _shapes(v) == _shapes(jax.eval_shape(m_x.init, jax.random.key(0)))
+    np.testing.assert_allclose(
+        apply(v, _images())[0], jax.jit(m_x.apply)(v, _images())[0], atol=1e-4, rtol=1e-5
+    )

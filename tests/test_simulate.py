@@ -1,0 +1,104 @@
+"""The round loop: outputs, determinism, kill and resume, the NaN guard, early stopping."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import SMALL, compose_config
+from fedjax_semi import experiment
+from fedjax_semi.engine.simulate import NaNError
+
+
+def rows_without_wall_time(path: Path) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in rows:
+        r.pop("wall_time")
+    return rows
+
+
+def test_run_writes_metrics_summary_plot_checkpoints(tmp_path):
+    cfg = compose_config("algorithm=fedavg", "rounds=4", "checkpoint_every=2")
+    summary = experiment.run(experiment.build(cfg), tmp_path)
+    rows = rows_without_wall_time(tmp_path / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]
+    assert {"accuracy", "global_acc", "personal_acc", "train_loss"} <= set(rows[-1])
+    assert summary["rounds_completed"] == 4 and summary["stop_reason"] == "rounds completed"
+    assert json.loads((tmp_path / "summary.json").read_text())["final"]["round"] == 4
+    assert (tmp_path / "plots" / "accuracy.png").stat().st_size > 1000
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2", "4"]
+    counts = json.loads((tmp_path / "counts.json").read_text())
+    assert len(counts["labeled"]) == 12
+
+
+def test_same_seed_same_metrics(tmp_path):
+    for d in ("a", "b"):
+        experiment.run(experiment.build(compose_config("algorithm=fedavg_pl")), tmp_path / d)
+    a = rows_without_wall_time(tmp_path / "a" / "metrics.jsonl")
+    assert a == rows_without_wall_time(tmp_path / "b" / "metrics.jsonl")
+    experiment.run(
+        experiment.build(compose_config("algorithm=fedavg_pl", "seed=1")), tmp_path / "c"
+    )
+    assert a != rows_without_wall_time(tmp_path / "c" / "metrics.jsonl")
+
+
+def cli(*args: str, **kw) -> list[str]:
+    return [sys.executable, "-m", "fedjax_semi.cli", *args]
+
+
+def test_killed_run_resumes_to_the_same_metrics(tmp_path):
+    """SIGKILL a real run mid-way, resume it, and compare with an uninterrupted run."""
+    args = [*SMALL, "algorithm=fedavg", "rounds=150", "checkpoint_every=10"]
+    killed, full = tmp_path / "killed", tmp_path / "full"
+    proc = subprocess.Popen(
+        cli(*args, f"out_dir={killed}"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    log = killed / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) >= 25:
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    done = len(log.read_text().splitlines())
+    assert 25 <= done < 150
+    r = subprocess.run(
+        cli(*args, f"out_dir={killed}", "resume=true"), capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(cli(*args, f"out_dir={full}"), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    resumed = rows_without_wall_time(log)
+    assert [x["round"] for x in resumed] == list(range(1, 151))
+    assert resumed == rows_without_wall_time(full / "metrics.jsonl")
+
+
+def test_nan_guard_names_round_and_client_and_keeps_a_checkpoint(tmp_path):
+    cfg = compose_config("algorithm=fedavg", "algorithm.lr=1e12", "rounds=5")
+    with pytest.raises(NaNError, match=r"round \d+, clients \[\d+") as e:
+        experiment.run(experiment.build(cfg), tmp_path)
+    rnd = int(str(e.value).split("round ")[1].split(",")[0])
+    assert (tmp_path / "checkpoints" / str(rnd - 1)).exists() or rnd == 1
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert "non-finite" in summary["stop_reason"]
+
+
+def test_early_stopping_on_target(tmp_path):
+    cfg = compose_config("algorithm=fedavg", "rounds=50", "stop.target=0.0")
+    summary = experiment.run(experiment.build(cfg), tmp_path)
+    assert summary["rounds_completed"] == 1 and "target" in summary["stop_reason"]
+
+
+def test_early_stopping_on_patience(tmp_path):
+    cfg = compose_config("algorithm=fedavg", "rounds=60", "algorithm.lr=1e-9", "stop.patience=2")
+    summary = experiment.run(experiment.build(cfg), tmp_path)
+    assert summary["rounds_completed"] < 60 and "no improvement" in summary["stop_reason"]
