@@ -234,12 +234,13 @@ def test_vmap_over_clients_matches_per_client(name: str) -> None:
     xs = jnp.stack([jnp.asarray(_images(seed=s)) for s in range(3)])
     rngs = jax.random.split(jax.random.key(9), 3)
 
-    def train(v, x, r):
-        # Exercises dropout rngs and the mutable batch_stats path under vmap.
-        return model.apply(v, x, train=True, rng=r)
+    def both(v, x, r):
+        # Train mode exercises dropout rngs and mutable batch_stats under vmap; one jit
+        # for both modes halves compile time.
+        logits, state = model.apply(v, x, train=True, rng=r)
+        return logits, state, model.apply(v, x)[0]
 
-    logits, states = jax.jit(jax.vmap(train))(stacked, xs, rngs)
-    eval_logits = jax.jit(jax.vmap(lambda v, x: model.apply(v, x)[0]))(stacked, xs)
+    logits, states, eval_logits = jax.jit(jax.vmap(both))(stacked, xs, rngs)
     assert logits.shape == eval_logits.shape == (3, 4, 10)
     for c in range(3):
         v = _client(stacked, c)
@@ -259,17 +260,18 @@ def test_resnet9_prefix_suffix_and_norm_none() -> None:
     model, stacked, apply = _setup("resnet9")
     variables = _client(stacked, 0)
     x = _images()
-    prefix = jax.jit(lambda v, x: model.module.apply(v, x, False, method="prefix"))
-    skip, a = prefix(variables, model.preprocess(x))
-    assert skip.shape == a.shape == (4, 3, 3, 32)  # 28 -> 14 -> 7 -> 3; 512 / 16 channels
     rng = jax.random.key(5)
-    suffix = jax.jit(
-        lambda v, s, a, r: model.module.apply(
-            v, s, a, False, True, method="suffix", rngs={"dropout": r}
-        )
-    )
+
+    @jax.jit
+    def split(v, x, r):
+        skip, a = model.module.apply(v, x, False, method="prefix")
+        out = model.module.apply(v, skip, a, False, True, method="suffix", rngs={"dropout": r})
+        return skip, a, out
+
+    skip, a, out = split(variables, model.preprocess(x), rng)
+    assert skip.shape == a.shape == (4, 3, 3, 32)  # 28 -> 14 -> 7 -> 3; 512 / 16 channels
     whole, _ = apply(variables, x, mc=True, rng=rng)
-    np.testing.assert_allclose(suffix(variables, skip, a, rng), whole, atol=1e-5)
+    np.testing.assert_allclose(out, whole, atol=1e-5)
 
     plain = make_model("resnet9", SHAPE, 10, width=0.0625, norm="none")
     pv = jax.eval_shape(plain.init, jax.random.key(0))

@@ -181,8 +181,8 @@ def search_dirs(name: str, data_dir: str | None = None) -> list[Path]:
         root = Path(data_dir).expanduser()
         if not root.is_dir():
             raise DatasetNotFoundError(
-                f"dataset {name!r}: data_dir {str(root)!r} does not exist or is not a "
-                f"directory.\n{_how_to_get(name)}"
+                f"dataset.data_dir={str(root)!r} does not exist or is not a directory "
+                f"(dataset {name!r}).\n{_expected_files(name)}{_how_to_get(name)}"
             )
         return [root / name, root]
     dirs: list[Path] = []
@@ -193,6 +193,13 @@ def search_dirs(name: str, data_dir: str | None = None) -> list[Path]:
     if name == "fashion_mnist":
         dirs.append(DEBIAN_FASHION_MNIST_DIR)
     return dirs
+
+
+def _expected_files(name: str) -> str:
+    if name not in ("fashion_mnist", "mnist"):
+        return ""
+    bases = [b for pair in IDX_FILES.values() for b in pair]
+    return f"Expected files (plain or .gz): {', '.join(bases)}.\n"
 
 
 def _how_to_get(name: str) -> str:

@@ -48,10 +48,23 @@ def find_runs(root: Path) -> list[dict]:
     return runs
 
 
-def _setting(run: dict) -> str:
-    if run["overrides"]:
-        return " ".join(sorted(run["overrides"]))
-    return str(run["summary"].get("algorithm", run["dir"].name))
+def _split(override: str) -> tuple[str, str]:
+    key, _, value = override.partition("=")
+    return key.lstrip("+~"), value
+
+
+def _settings(runs: list[dict]) -> list[str]:
+    """A label per run: the overrides whose values vary across the sweep (seed excluded)."""
+    values: dict[str, set] = defaultdict(set)
+    for r in runs:
+        for o in r["overrides"]:
+            values[_split(o)[0]].add(_split(o)[1])
+    varying = {k for k, v in values.items() if len(v) > 1}
+    labels = []
+    for r in runs:
+        parts = sorted(o for o in r["overrides"] if _split(o)[0] in varying)
+        labels.append(" ".join(parts) or str(r["summary"].get("algorithm", r["dir"].name)))
+    return labels
 
 
 def _paper_value(paper, cfg: dict, metric: str):
@@ -72,8 +85,8 @@ def report(root: Path, metrics: list[str], csv_path: Path | None = None) -> str:
     if not runs:
         raise ValueError(f"sweep_dir={str(root)!r} holds no run with a summary.json")
     groups: dict[str, list[dict]] = defaultdict(list)
-    for r in runs:
-        groups[_setting(r)].append(r)
+    for r, label in zip(runs, _settings(runs), strict=True):
+        groups[label].append(r)
     metrics = [m for m in metrics if any(m in r["summary"].get("final", {}) for r in runs)]
     has_paper = any(r["config"].get("paper") for r in runs)
     header = ["setting", "seeds"] + [f"{m} (mean ± std)" for m in metrics]

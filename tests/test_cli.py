@@ -1,0 +1,78 @@
+"""The command line: clear errors for bad input, a multirun sweep, and the report."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+
+import pytest
+from conftest import SMALL
+
+
+def run_cli(*args: str, module: str = "fedjax_semi.cli", cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=600, cwd=cwd
+    )
+
+
+BAD_INPUTS = [
+    (["algorithm=nope"], ["algorithm", "nope", "fedavg", "fedavg_pl", "local"]),
+    (["dataset=nope"], ["dataset", "nope", "fashion_mnist", "digits"]),
+    (["partition.alpha=0"], ["partition.alpha", "0", "> 0"]),
+    (["partition.alpha=-1"], ["partition.alpha", "-1", "> 0"]),
+    (["clients_per_round=13"], ["clients_per_round", "13", "num_clients=12"]),
+    (["partition.labeled_fraction=0"], ["partition.labeled_fraction", "(0, 1]"]),
+    (["partition.labeled_fraction=1.5"], ["partition.labeled_fraction", "1.5", "(0, 1]"]),
+    (["dataset=mnist", "dataset.data_dir=/no/such/dir"], ["/no/such/dir", "train-images-idx3"]),
+    (["algorithm.lrr=0.1"], ["lrr", "algorithm"]),
+    (["hardware.chunk=zero"], ["hardware.chunk", "zero", "positive integer or 'all'"]),
+    (["algorithm=fedprox", "algorithm.prox_mu=0"], ["algorithm.prox_mu", "> 0", "fedprox"]),
+]
+
+
+@pytest.mark.parametrize("overrides,needles", BAD_INPUTS, ids=lambda v: str(v)[:40])
+def test_bad_input_fails_with_one_clear_message(overrides, needles, tmp_path):
+    r = run_cli(*SMALL, f"out_dir={tmp_path}", *overrides)
+    assert r.returncode != 0
+    err = r.stderr + r.stdout
+    for needle in needles:
+        assert needle in err, f"{needle!r} not in:\n{err}"
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) <= 20, err
+    assert not (tmp_path / "metrics.jsonl").exists()  # no work started
+
+
+def test_multirun_sweep_and_report(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = run_cli(
+        "-m",
+        *SMALL,
+        "rounds=2",
+        "algorithm=fedavg,local",
+        "seed=0,1",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert r.returncode == 0, r.stderr
+    assert len(list(sweep.rglob("summary.json"))) == 4
+    rep = subprocess.run(
+        [sys.executable, "-c", "from fedjax_semi.cli import report_main; report_main()", str(sweep)],
+        capture_output=True,
+        text=True,
+    )
+    assert rep.returncode == 0, rep.stderr
+    lines = [ln for ln in rep.stdout.splitlines() if ln.startswith("| algorithm=")]
+    assert len(lines) == 2 and all("| 2 |" in ln and "±" in ln for ln in lines)
+    with open(sweep / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["setting"] for r in rows} == {"algorithm=fedavg", "algorithm=local"}
+    assert all(0 <= float(r["accuracy_mean"]) <= 1 for r in rows)
+
+
+def test_report_of_an_empty_dir_fails_clearly(tmp_path):
+    rep = subprocess.run(
+        [sys.executable, "-c", "from fedjax_semi.cli import report_main; report_main()", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert rep.returncode == 2 and "no run with a summary.json" in rep.stderr
