@@ -250,5 +250,15 @@ def validate(cfg: Config) -> None:
         raise bad("hardware.backend", h.backend, "one of ['jit', 'reference']")
     if not (h.devices == "all" or (isinstance(h.devices, int) and h.devices >= 1)):
         raise bad("hardware.devices", h.devices, "a positive integer or 'all'")
+    if h.devices != 1 and parse_chunk("hardware.chunk", h.chunk) != "all":
+        raise bad("hardware.chunk", h.chunk, "'all' when the client axis is sharded (devices != 1)")
+    if isinstance(h.devices, int) and cfg.clients_per_round % h.devices:
+        raise bad(
+            "clients_per_round",
+            cfg.clients_per_round,
+            f"a multiple of hardware.devices={h.devices}",
+        )
+    if cfg.stop.metric not in ("accuracy", "global_acc", "personal_acc"):
+        raise bad("stop.metric", cfg.stop.metric, "one of ['accuracy', 'global_acc', 'personal_acc']")
     if cfg.stop.patience < 0:
         raise bad("stop.patience", cfg.stop.patience, "an integer >= 0")

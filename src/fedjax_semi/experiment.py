@@ -34,7 +34,14 @@ class Experiment:
             eval_chunk=parse_chunk(
                 "hardware.eval_chunk", h.eval_chunk if eval_chunk is None else eval_chunk
             ),
+            devices=num_devices(h.devices),
         )
+
+
+def num_devices(devices: int | str) -> int:
+    import jax
+
+    return jax.device_count() if devices == "all" else int(devices)
 
 
 def make_partition(cfg: Config, ds: ArrayDataset) -> Partition:

@@ -64,6 +64,9 @@ class FederatedData:
     server: dict[str, jax.Array]  # server-side index sets, e.g. "test_global"
     mu: jax.Array  # float32 [C] labeled ratio per client
     num_classes: int = struct.field(pytree_node=False)
+    # Every client's test split lies inside server["test_global"] (lets evaluation of a single
+    # global model reuse one pass over the global test set).
+    test_in_global: bool = struct.field(pytree_node=False, default=False)
 
     @property
     def num_clients(self) -> int:
@@ -121,6 +124,10 @@ def build_federated(
         ]
         idx, count = pad_table(train)
         roles["train"] = RoleTable(jnp.asarray(idx), jnp.asarray(count))
+    test_in_global = "test" in partition.clients and "test_global" in partition.server
+    if test_in_global:
+        flat = np.concatenate(partition.clients["test"]) if partition.clients["test"] else []
+        test_in_global = bool(np.isin(flat, partition.server["test_global"]).all())
     server = {k: jnp.asarray(v.astype(np.int32)) for k, v in partition.server.items()}
     return FederatedData(
         x=jnp.asarray(x),
@@ -130,4 +137,5 @@ def build_federated(
         server=server,
         mu=jnp.asarray(partition.mu, jnp.float32),
         num_classes=num_classes,
+        test_in_global=test_in_global,
     )

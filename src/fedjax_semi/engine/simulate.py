@@ -46,16 +46,18 @@ class Runner:
         backend: str = "jit",
         chunk: int | str = "all",
         eval_chunk: int | str = "all",
+        devices: int = 1,
     ) -> None:
         self.alg, self.fed, self.backend = alg, fed, backend
         self.data = fed.train_view(oracle=alg.oracle)
         if backend == "jit":
             cmap = functools.partial(map_clients, chunk=chunk)
             emap = functools.partial(map_clients, chunk=eval_chunk)
+            place = client_sharding(devices) if devices > 1 else (lambda tree: tree)
 
             def round_fn(state, data):
                 cohort, inputs, shared = alg.prepare(state, data)
-                outputs = cmap(alg.client_update, inputs, shared)
+                outputs = place(cmap(alg.client_update, place(inputs), shared))
                 return alg.finish(state, cohort, outputs)
 
             self._round = jax.jit(round_fn)
@@ -78,6 +80,20 @@ class Runner:
 
     def evaluate(self, state: FLState) -> dict:
         return self._eval(state, self.fed)
+
+
+def client_sharding(devices: int):
+    """A function that shards the leading (client) axis of every leaf over `devices` devices."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    if devices > jax.device_count():
+        raise ValueError(
+            f"hardware.devices={devices} is not allowed: this process sees "
+            f"{jax.device_count()} device(s)"
+        )
+    mesh = Mesh(np.array(jax.devices()[:devices]), ("clients",))
+    spec = NamedSharding(mesh, PartitionSpec("clients"))
+    return lambda tree: jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, spec), tree)
 
 
 @dataclass

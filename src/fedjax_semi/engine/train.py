@@ -245,17 +245,19 @@ def evaluate_row(model: Model, variables: PyTree, data_x, labels, table: RoleTab
 def evaluate_indices(
     model: Model, variables: PyTree, data_x, labels, idx: jax.Array, batch: int
 ) -> dict:
-    """Accuracy and mean loss of one model on a server-side index set idx [M], in batches."""
+    """One model on a server-side index set idx [M], in batches of `batch`.
+
+    Returns accuracy, mean loss and the per-example `correct` bool [M].
+    """
     m = idx.shape[0]
     nb = -(-m // batch)
-    padded = jnp.pad(idx, (0, nb * batch - m))
-    valid = jnp.arange(nb * batch) < m
+    padded = jnp.pad(idx, (0, nb * batch - m)).reshape(nb, batch)
 
-    def one(args):
-        ids, ok = args
+    def one(ids):
         logits, _ = model.apply(variables, data_x[ids])
         y = labels[ids]
-        return jnp.sum((jnp.argmax(logits, -1) == y) & ok), jnp.sum(cross_entropy(logits, y) * ok)
+        return jnp.argmax(logits, -1) == y, cross_entropy(logits, y)
 
-    correct, loss = jax.lax.map(one, (padded.reshape(nb, batch), valid.reshape(nb, batch)))
-    return {"accuracy": jnp.sum(correct) / m, "loss": jnp.sum(loss) / m}
+    correct, loss = jax.lax.map(one, padded)
+    correct, loss = correct.reshape(-1)[:m], loss.reshape(-1)[:m]
+    return {"accuracy": jnp.mean(correct), "loss": jnp.mean(loss), "correct": correct}

@@ -168,6 +168,16 @@ class Model:
         variables = self.module.init({"params": key, "dropout": key}, dummy, False, False)
         return dict(variables)
 
+    def with_conv(self, impl: str) -> Model:
+        """The same model (same variables) with another convolution implementation.
+
+        The engine evaluates the single global model with XLA's conv, which is faster than
+        im2col when nothing is vmapped over clients and no gradient is taken.
+        """
+        if not hasattr(self.module, "conv_impl") or self.module.conv_impl == impl:
+            return self
+        return dataclasses.replace(self, module=self.module.clone(conv_impl=impl))
+
     def preprocess(self, x: Array) -> Array:
         """uint8/float ``[..., H, W, C]`` -> float32 ``((x / 255) - mean) / std``, same shape."""
         mean = jnp.asarray(self.mean, jnp.float32)

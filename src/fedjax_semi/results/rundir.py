@@ -59,6 +59,9 @@ class Checkpointer:
 
     def __init__(self, directory: Path, max_to_keep: int = 2) -> None:
         import orbax.checkpoint as ocp
+        from absl import logging as absl_logging
+
+        absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every step at INFO
 
         self._ocp = ocp
         self.directory = Path(directory).absolute()

@@ -1,0 +1,73 @@
+"""Shared pieces of the benchmarks: configs, timing, JSON lines with device and versions."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def compose(*overrides: str):
+    """The config `fedjax-semi` would run with these overrides."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from fedjax_semi.cli import CONF_DIR
+    from fedjax_semi.config import as_config, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return as_config(hydra_compose("config", overrides=list(overrides)))
+
+
+def dataset_or_synthetic(name: str = "fashion_mnist"):
+    """The real dataset when it is found, else random data of the same shapes (speed only)."""
+    from fedjax_semi.data.sources import ArrayDataset, DatasetNotFoundError, load_dataset
+
+    try:
+        return load_dataset(name), "real"
+    except DatasetNotFoundError:
+        rng = np.random.default_rng(0)
+        x = rng.integers(0, 256, size=(70000, 28, 28, 1), dtype=np.uint8)
+        y = rng.integers(0, 10, size=70000).astype(np.int32)
+        ds = ArrayDataset(name, x[:60000], y[:60000], x[60000:], y[60000:], 10, (0.5,), (0.25,))
+        return ds, "synthetic"
+
+
+def time_rounds(runner, state, repeats: int) -> tuple[float, list[float], object]:
+    """(compile+first round seconds, steady-state round times, final state)."""
+    t0 = time.perf_counter()
+    state, _ = runner.round(state)
+    jax.block_until_ready(state)
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        state, _ = runner.round(state)
+        jax.block_until_ready(state)
+        times.append(time.perf_counter() - t0)
+    return first, times, state
+
+
+def environment() -> dict:
+    from fedjax_semi.results.rundir import environment as env
+
+    return {**env(), "date": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def emit(record: dict, path: Path) -> None:
+    """Print one JSON line and append it to the results file."""
+    line = json.dumps(record)
+    print(line, flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(line + "\n")
+    sys.stdout.flush()

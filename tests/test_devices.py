@@ -1,0 +1,46 @@
+"""The client axis sharded over 4 (forced host) devices gives the same numbers as 1 device."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import jax
+    sys.path.insert(0, {tests!r})
+    from conftest import compose_config
+    from fedjax_semi import experiment
+    out = {{}}
+    for devices in (1, 4):
+        cfg = compose_config("algorithm=fedavg", "hardware.chunk=all",
+                             f"hardware.devices={{devices}}")
+        exp = experiment.build(cfg)
+        runner = exp.runner()
+        state = exp.alg.init(exp.fed)
+        for _ in range(2):
+            state, m = runner.round(state)
+        ev = runner.evaluate(state)
+        out[devices] = {{"loss": float(m["train_loss"]), "acc": ev["client_acc"].tolist()}}
+    print(json.dumps({{"devices": jax.device_count(), **out}}))
+    """
+)
+
+
+def test_four_devices_match_one():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    tests = str(Path(__file__).parent)
+    r = subprocess.run(
+        [sys.executable, "-c", SCRIPT.format(tests=tests)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["devices"] == 4
+    assert abs(out["1"]["loss"] - out["4"]["loss"]) < 1e-4
+    assert max(abs(a - b) for a, b in zip(out["1"]["acc"], out["4"]["acc"], strict=True)) < 1e-4
