@@ -221,3 +221,17 @@ def test_evaluate_indices_matches_numpy():
     logits, _ = model.apply(variables, x[idx])
     acc = np.mean(np.argmax(np.asarray(logits), -1) == np.asarray(y)[np.asarray(idx)])
     assert float(got["accuracy"]) == pytest.approx(acc)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "rmsprop", "lion"])
+def test_any_optax_optimizer_trains(name):
+    params = {"w": jnp.ones(3)}
+    tx = train.make_optimizer(name, 0.1, momentum=0.9, weight_decay=0.01)
+    state = tx.init(params)
+    updates, state = tx.update({"w": jnp.ones(3)}, state, params)
+    assert float(optax.apply_updates(params, updates)["w"][0]) < 1.0
+
+
+def test_unknown_optimizer_names_the_key():
+    with pytest.raises(ValueError, match=r"algorithm.optimizer='nope'.*sgd"):
+        train.make_optimizer("nope", 0.1)

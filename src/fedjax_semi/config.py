@@ -29,7 +29,7 @@ class AlgorithmConfig:
     local_epochs: int = 1
     local_steps: int = 0  # used when local_epochs == 0
     batch_size: int = 32
-    optimizer: str = "sgd"  # sgd | adam | adamw
+    optimizer: str = "sgd"  # any optax alias: sgd, adam, adamw, rmsprop, ...
     lr: float = 0.05
     momentum: float = 0.0
     weight_decay: float = 0.0
@@ -228,8 +228,10 @@ def validate(cfg: Config) -> None:
         )
     if a.batch_size < 1:
         raise bad("algorithm.batch_size", a.batch_size, "an integer >= 1")
-    if a.optimizer not in ("sgd", "adam", "adamw"):
-        raise bad("algorithm.optimizer", a.optimizer, "one of ['sgd', 'adam', 'adamw']")
+    from fedjax_semi.engine.train import optimizer_names
+
+    if a.optimizer not in optimizer_names():
+        raise bad("algorithm.optimizer", a.optimizer, f"an optax optimizer: {optimizer_names()}")
     if not a.lr > 0:
         raise bad("algorithm.lr", a.lr, "a number > 0")
     if a.weighting not in ("num_samples", "uniform"):

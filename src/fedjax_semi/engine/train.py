@@ -56,18 +56,34 @@ def sq_distance(a: PyTree, b: PyTree) -> jax.Array:
 # ----------------------------------------------------------------------------- optimizers
 
 
+# optax optimizers whose update needs only (grads, state, params).
+_OPTIMIZERS = (
+    "sgd", "adam", "adamw", "nadam", "nadamw", "adagrad", "adadelta", "adafactor", "adamax",
+    "adamaxw", "adabelief", "amsgrad", "lamb", "lars", "lion", "novograd", "radam", "rmsprop",
+    "sm3", "yogi", "noisy_sgd", "fromage", "sign_sgd",
+)  # fmt: skip
+
+
+def optimizer_names() -> list[str]:
+    """The optax optimizers the engine accepts by name."""
+    return sorted(n for n in _OPTIMIZERS if hasattr(optax, n))
+
+
 def make_optimizer(name: str, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
-    """An optax optimizer by name (sgd | adam | adamw)."""
+    """Any optax optimizer by alias name. `momentum` applies to sgd; `weight_decay` is decoupled
+    for adamw and added to the gradient (L2) for the others."""
+    if name not in optimizer_names():
+        raise ValueError(
+            f"algorithm.optimizer={name!r} is not allowed: an optax optimizer, one of "
+            f"{optimizer_names()}"
+        )
     if name == "sgd":
         tx = optax.sgd(lr, momentum=momentum or None)
-        return optax.chain(optax.add_decayed_weights(weight_decay), tx) if weight_decay else tx
-    if name == "adam":
-        return optax.adam(lr)
-    if name == "adamw":
+    elif name == "adamw":
         return optax.adamw(lr, weight_decay=weight_decay)
-    raise ValueError(
-        f"algorithm.optimizer={name!r} is not allowed: one of ['sgd', 'adam', 'adamw']"
-    )
+    else:
+        tx = getattr(optax, name)(lr)
+    return optax.chain(optax.add_decayed_weights(weight_decay), tx) if weight_decay else tx
 
 
 # ----------------------------------------------------------------------------- batches

@@ -1,0 +1,65 @@
+"""Hidden labels stay hidden: corrupting the true labels of unlabeled data changes no training
+result of any semi-supervised algorithm (only the oracle reference may read them)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import compose_config
+
+from fedjax_semi import experiment
+from fedjax_semi.algorithms import ALGORITHMS
+from fedjax_semi.engine.simulate import Runner
+
+EXTRA = {
+    "fedavg_pl": ["algorithm.pl_threshold=0.3", "algorithm.pl_warmup_rounds=0"],
+}
+
+
+def train_state(exp, fed, rounds=3):
+    runner = Runner(exp.alg, fed, chunk=4)
+    state = exp.alg.init(fed)
+    for _ in range(rounds):
+        state, _ = runner.round(state)
+    return state
+
+
+def corrupt_unlabeled(fed):
+    """Shift every label that training must not see by one class."""
+    t = fed.roles["unlabeled"]
+    idx = np.asarray(t.idx)[np.asarray(t.mask)]
+    y = np.asarray(fed.eval_y).copy()
+    y[idx] = (y[idx] + 1) % fed.num_classes
+    return fed.with_hidden_labels(jnp.asarray(y))
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(ALGORITHMS) if n != "fedavg_sl"])
+def test_training_ignores_hidden_labels(name):
+    exp = experiment.build(compose_config(f"algorithm={name}", *EXTRA.get(name, [])))
+    a = train_state(exp, exp.fed)
+    b = train_state(exp, corrupt_unlabeled(exp.fed))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_the_oracle_does_read_them():
+    """The check above can fail: the fully supervised reference changes with the labels."""
+    exp = experiment.build(compose_config("algorithm=fedavg_sl"))
+    a = train_state(exp, exp.fed)
+    b = train_state(exp, corrupt_unlabeled(exp.fed))
+    diffs = [float(jnp.abs(x - y).max()) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
+    assert max(diffs) > 1e-3
+
+
+def test_training_view_hides_unlabeled_and_test_labels():
+    exp = experiment.build(compose_config("algorithm=fedavg"))
+    view = exp.fed.train_view()
+    y = np.asarray(view.y)
+    for role in ("unlabeled", "test"):
+        t = exp.fed.roles[role]
+        assert (y[np.asarray(t.idx)[np.asarray(t.mask)]] == -1).all()
+    t = exp.fed.roles["labeled"]
+    idx = np.asarray(t.idx)[np.asarray(t.mask)]
+    np.testing.assert_array_equal(y[idx], np.asarray(exp.fed.eval_y)[idx])
