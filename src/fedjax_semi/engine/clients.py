@@ -38,6 +38,9 @@ def map_clients(fn: Callable, xs: PyTree, *shared: Any, chunk: int | str = "all"
     n = jax.tree.leaves(xs)[0].shape[0]
     if chunk == "all" or chunk >= n:
         return jax.vmap(fn, in_axes=(0,) + (None,) * len(shared))(xs, *shared)
+    if chunk == 1:
+        # A plain loop: no batch-of-one vmap, so every op keeps its unbatched form.
+        return jax.lax.map(lambda x: fn(x, *shared), xs)
     return jax.lax.map(lambda x: fn(x, *shared), xs, batch_size=int(chunk))
 
 
