@@ -56,7 +56,12 @@ def test_multirun_sweep_and_report(tmp_path):
     assert r.returncode == 0, r.stderr
     assert len(list(sweep.rglob("summary.json"))) == 4
     rep = subprocess.run(
-        [sys.executable, "-c", "from fedjax_semi.cli import report_main; report_main()", str(sweep)],
+        [
+            sys.executable,
+            "-c",
+            "from fedjax_semi.cli import report_main; report_main()",
+            str(sweep),
+        ],
         capture_output=True,
         text=True,
     )
@@ -71,7 +76,12 @@ def test_multirun_sweep_and_report(tmp_path):
 
 def test_report_of_an_empty_dir_fails_clearly(tmp_path):
     rep = subprocess.run(
-        [sys.executable, "-c", "from fedjax_semi.cli import report_main; report_main()", str(tmp_path)],
+        [
+            sys.executable,
+            "-c",
+            "from fedjax_semi.cli import report_main; report_main()",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
     )

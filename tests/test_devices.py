@@ -37,7 +37,10 @@ def test_four_devices_match_one():
     tests = str(Path(__file__).parent)
     r = subprocess.run(
         [sys.executable, "-c", SCRIPT.format(tests=tests)],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])

@@ -51,6 +51,9 @@ class AlgorithmConfig:
 class DatasetConfig:
     name: str = "fashion_mnist"
     data_dir: str | None = None
+    # Text datasets: vocabulary size (incl. padding and unknown ids) and sequence length.
+    vocab_size: int = 20000
+    seq_len: int = 128
 
 
 @dataclass
@@ -75,6 +78,7 @@ class ModelConfig:
     conv: str = "im2col"  # im2col | xla
     hidden: list[int] = field(default_factory=lambda: [200, 200])
     norm: str = "batch"
+    embed_dim: int = 64  # text models: embedding width
 
 
 @dataclass
@@ -261,6 +265,8 @@ def validate(cfg: Config) -> None:
             f"a multiple of hardware.devices={h.devices}",
         )
     if cfg.stop.metric not in ("accuracy", "global_acc", "personal_acc"):
-        raise bad("stop.metric", cfg.stop.metric, "one of ['accuracy', 'global_acc', 'personal_acc']")
+        raise bad(
+            "stop.metric", cfg.stop.metric, "one of ['accuracy', 'global_acc', 'personal_acc']"
+        )
     if cfg.stop.patience < 0:
         raise bad("stop.patience", cfg.stop.patience, "an integer >= 0")

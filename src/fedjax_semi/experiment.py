@@ -55,26 +55,18 @@ def make_partition(cfg: Config, ds: ArrayDataset) -> Partition:
                 f"{part.num_clients}, the number of clients in partition.file={p.file}",
             )
         return part
-    return build_partition(
-        ds,
-        num_clients=cfg.num_clients,
-        scheme=p.scheme,
-        alpha=p.alpha,
-        classes_per_client=p.classes_per_client,
-        labeled_fraction=p.labeled_fraction,
-        labeled_mode=p.labeled_mode,
-        label_ratio_alpha=p.label_ratio_alpha,
-        split=p.split,
-        val_fraction=p.val_fraction,
-        min_client_size=p.min_client_size,
-        seed=cfg.seed,
-    )
+    knobs = {k: v for k, v in dataclasses.asdict(p).items() if k != "file"}
+    return build_partition(ds, num_clients=cfg.num_clients, seed=cfg.seed, **knobs)
 
 
 def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
     """Validate, load, partition and construct everything a run needs (no training yet)."""
     validate(cfg)
-    ds = dataset if dataset is not None else load_dataset(cfg.dataset.name, cfg.dataset.data_dir)
+    d = cfg.dataset
+    if dataset is not None:
+        ds = dataset
+    else:
+        ds = load_dataset(d.name, d.data_dir, vocab_size=d.vocab_size, seq_len=d.seq_len)
     part = make_partition(cfg, ds)
     fed = build_federated(ds.x_train, ds.y_train, ds.x_test, ds.y_test, part, ds.num_classes)
     m = cfg.model
@@ -89,6 +81,8 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
         conv_impl=m.conv,
         hidden=tuple(m.hidden),
         norm=m.norm,
+        embed_dim=m.embed_dim,
+        vocab_size=ds.vocab_size,
     )
     alg = make_algorithm(
         cfg.algorithm.name,

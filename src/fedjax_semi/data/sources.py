@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gzip
+import inspect
 import os
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -79,6 +81,13 @@ class ArrayDataset:
     num_classes: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    # Input kind for the model: "image" (uint8 [N,H,W,C]), "tokens" (int32 [N,L]) or
+    # "features" (float32 [N,D]).
+    kind: str = "image"
+    vocab_size: int | None = None  # tokens: size of the vocabulary (ids < vocab_size)
+    # Extra per-sample or per-dataset arrays, e.g. "y_train_coarse" (CIFAR-100 superclasses),
+    # "writer_train" (FEMNIST writer id per sample), "x_unlabeled" (STL-10).
+    extra: dict = dataclasses.field(default_factory=dict)
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -337,13 +346,17 @@ def dataset_names() -> list[str]:
 
 
 @functools.lru_cache(maxsize=8)
-def _load_cached(name: str, data_dir: str | None, _env: tuple[str | None, ...]) -> ArrayDataset:
+def _load_cached(
+    name: str, data_dir: str | None, options: tuple, _env: tuple[str | None, ...]
+) -> ArrayDataset:
     # _env is only part of the cache key: lookup depends on these environment variables.
-    return DATASETS[name](data_dir)
+    return DATASETS[name](data_dir, **dict(options))
 
 
-def load_dataset(name: str, data_dir: str | None = None) -> ArrayDataset:
-    """Loads dataset ``name`` (cached in-process per ``(name, data_dir)`` and environment).
+def load_dataset(name: str, data_dir: str | None = None, **options: Any) -> ArrayDataset:
+    """Loads dataset ``name`` (cached in-process per ``(name, data_dir, options)`` and
+    environment). ``options`` (e.g. ``vocab_size``, ``seq_len`` of text datasets) reach the
+    loaders that take them; the others ignore them.
 
     Raises:
       ValueError: unknown ``name`` (config key ``dataset.name``).
@@ -354,8 +367,10 @@ def load_dataset(name: str, data_dir: str | None = None) -> ArrayDataset:
         raise ValueError(
             f"dataset.name={name!r} is not a known dataset; allowed: {dataset_names()}"
         )
+    accepted = inspect.signature(DATASETS[name]).parameters
+    opts = tuple(sorted((k, v) for k, v in options.items() if k in accepted))
     env = (os.environ.get(ENV_VAR), os.environ.get("XDG_CACHE_HOME"), os.environ.get("HOME"))
-    return _load_cached(name, str(data_dir) if data_dir else None, env)
+    return _load_cached(name, str(data_dir) if data_dir else None, opts, env)
 
 
 def clear_cache() -> None:

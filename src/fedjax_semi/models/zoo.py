@@ -269,6 +269,8 @@ def make_model(
     conv_impl: str = "im2col",
     hidden: tuple[int, ...] = (200, 200),
     norm: str = "batch",
+    embed_dim: int = 64,
+    vocab_size: int | None = None,
 ) -> Model:
     """Build a registered model.
 
