@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import compose_config
 
+from conftest import compose_config
 from fedjax_semi import experiment
 from fedjax_semi.algorithms import ALGORITHMS
 from fedjax_semi.engine.simulate import Runner
@@ -49,7 +49,10 @@ def test_the_oracle_does_read_them():
     exp = experiment.build(compose_config("algorithm=fedavg_sl"))
     a = train_state(exp, exp.fed)
     b = train_state(exp, corrupt_unlabeled(exp.fed))
-    diffs = [float(jnp.abs(x - y).max()) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
+    diffs = [
+        float(jnp.abs(x - y).max())
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    ]
     assert max(diffs) > 1e-3
 
 

@@ -160,8 +160,31 @@ def test_unknown_name():
 
 
 def test_registry():
-    assert set(DATASETS) == {"fashion_mnist", "mnist", "digits"}
+    # Superset: other modules (text, tabular) may register more datasets.
+    images = {"fashion_mnist", "mnist", "digits", "cifar10", "cifar100", "svhn", "stl10", "femnist"}
+    assert images <= set(DATASETS)
     assert dataset_names() == sorted(DATASETS)
+    for name in images:
+        # Uniform loader signature: f(data_dir=None, **opts).
+        assert DATASETS[name].__code__.co_varnames[0] == "data_dir"
+
+
+def test_locate(tmp_path):
+    assert sources.locate("digits") == "bundled with scikit-learn"
+    _write_fixture(tmp_path / "d" / "mnist", gz=True)
+    assert sources.locate("mnist", str(tmp_path / "d")) == str(tmp_path / "d" / "mnist")
+    with pytest.raises(DatasetNotFoundError) as info:
+        sources.locate("mnist")
+    assert info.value.looked_in == tuple(search_dirs("mnist"))
+    with pytest.raises(ValueError, match="dataset.name"):
+        sources.locate("nope")
+
+
+def test_unknown_dataset_data_dir_message_has_no_mnist_hint(tmp_path):
+    # Other modules' datasets call search_dirs too; they must not get MNIST's instructions.
+    with pytest.raises(DatasetNotFoundError) as info:
+        search_dirs("imdb", str(tmp_path / "nope"))
+    assert "dataset.data_dir" in str(info.value) and "lecun" not in str(info.value)
 
 
 def test_digits():

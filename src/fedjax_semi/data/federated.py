@@ -120,7 +120,9 @@ def build_federated(
         # Every training example of a client, for the fully supervised references.
         train = [
             np.sort(np.concatenate([a, b]))
-            for a, b in zip(partition.clients["labeled"], partition.clients["unlabeled"])
+            for a, b in zip(
+                partition.clients["labeled"], partition.clients["unlabeled"], strict=True
+            )
         ]
         idx, count = pad_table(train)
         roles["train"] = RoleTable(jnp.asarray(idx), jnp.asarray(count))

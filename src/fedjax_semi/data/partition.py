@@ -3,6 +3,10 @@
 Pure numpy and deterministic given a ``np.random.Generator``. Per-client index lists are
 ``list[np.ndarray]`` of sorted ``int64`` indices. :func:`build_partition` ties the pieces
 together for a dataset; its indices refer to ``concat(train, test)`` (see there).
+
+Besides the generic schemes (iid, dirichlet, shards) there is one scheme per paper spec:
+``subset``/``normal`` (DoFed-SPP), ``cofed`` (CoFED), ``cfsl`` (CFSL) and ``ada``
+(Ada-FedSemi); UM-pFSSL is ``dirichlet`` + ``labeled_mode=dirichlet`` + ``split=pooled``.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from fedjax_semi.data.sources import ArrayDataset
 
 __all__ = [
     "Partition",
+    "apply_client_transforms",
     "build_partition",
+    "check_knobs",
     "class_proportions",
     "dirichlet_partition",
     "iid_partition",
@@ -28,14 +34,22 @@ __all__ = [
     "split_by_proportions",
 ]
 
-SCHEMES = ("iid", "dirichlet", "shards")
+GENERIC_SCHEMES = ("iid", "dirichlet", "shards")
+SCHEMES = (*GENERIC_SCHEMES, "subset", "normal", "cofed", "cfsl", "ada")
 LABELED_MODES = ("fixed", "dirichlet")
 SPLITS = ("official", "pooled")
 POOLED_FRACTIONS = (0.7, 0.1, 0.2)  # train / val / test pools, UM-pFSSL's protocol
+ASSIGNMENTS = ("balanced", "random")  # DoFed-SPP SUBSET cluster pairs
+NORMAL_REJECTS = ("identical", "subset")  # DoFed-SPP NORMAL redraw rule
+NORMAL_SIZE_MODES = ("per_class", "fixed_total")
+OVERLAPS = ("allow", "none")  # DoFed-SPP: may clients share samples
+VARIANTS = ("iid", "noniid")  # CoFED / Ada-FedSemi
+CFSL_TRANSFORMS = ("label_permutation", "rotation", "none")
 
 # Distinct seed-sequence keys per stage: changing one stage's knob leaves the others'
 # random streams untouched.
 _STAGE_SPLIT, _STAGE_PARTITION, _STAGE_LABELED, _STAGE_TEST, _STAGE_VAL = range(5)
+_STAGE_GROUPS, _STAGE_TARGET, _STAGE_PUBLIC, _STAGE_TRANSFORM = range(5, 9)
 
 
 def _sorted_i64(a: np.ndarray) -> np.ndarray:
@@ -284,6 +298,11 @@ class Partition:
         when there is a val role).
       mu: ``float [C]`` labeled ratio per client.
       meta: JSON-serializable settings (scheme, alpha, seed, ...).
+      assignments: per-client arrays with a leading ``[C]`` axis, e.g. ``"edge"`` int [C],
+        ``"cluster"`` int [C], ``"label_map"`` int [C, num_classes] (the label client ``k``
+        sees for true class ``y`` is ``label_map[k, y]``), ``"rotation"`` int [C] (quarter
+        turns: inputs of client ``k`` are rotated by ``90 * rotation[k]`` degrees). Empty for
+        the generic schemes; :func:`apply_client_transforms` applies the last two.
 
     All indices refer to ``concat(x_train, x_test)`` of the source dataset.
     """
@@ -292,6 +311,7 @@ class Partition:
     server: dict[str, np.ndarray]
     mu: np.ndarray
     meta: dict[str, Any]
+    assignments: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     @property
     def num_clients(self) -> int:
@@ -312,7 +332,14 @@ class Partition:
             )
         for name, idx in self.server.items():
             arrays[f"server/{name}"] = np.asarray(idx, dtype=np.int64)
-        header = {"roles": list(self.clients), "server": list(self.server), "meta": self.meta}
+        for name, a in self.assignments.items():
+            arrays[f"assignments/{name}"] = np.asarray(a)  # dtype kept by the .npz
+        header = {
+            "roles": list(self.clients),
+            "server": list(self.server),
+            "meta": self.meta,
+            "assignments": list(self.assignments),
+        }
         arrays["header"] = np.array(json.dumps(header))
         # A file object keeps np.savez from appending ".npz" to the requested path.
         with open(path, "wb") as f:
@@ -330,7 +357,15 @@ class Partition:
                     values[offsets[k] : offsets[k + 1]].copy() for k in range(len(offsets) - 1)
                 ]
             server = {name: z[f"server/{name}"] for name in header["server"]}
-            return cls(clients=clients, server=server, mu=z["mu"], meta=header["meta"])
+            # Files written before assignments existed have no such header key.
+            assignments = {a: z[f"assignments/{a}"] for a in header.get("assignments", [])}
+            return cls(
+                clients=clients,
+                server=server,
+                mu=z["mu"],
+                meta=header["meta"],
+                assignments=assignments,
+            )
 
 
 # ----------------------------------------------------------------------------- build

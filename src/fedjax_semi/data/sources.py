@@ -27,15 +27,29 @@ from typing import Any
 
 import numpy as np
 
+from fedjax_semi.data import images
+
 __all__ = [
     "DATASETS",
+    "FILE_SPECS",
+    "LOCATORS",
+    "TFDS_PREFIX",
     "ArrayDataset",
     "DatasetNotFoundError",
+    "FileSpec",
     "clear_cache",
     "dataset_names",
     "ensure",
     "fetch_fashion_mnist",
+    "is_known_dataset",
+    "load_cifar10",
+    "load_cifar100",
     "load_dataset",
+    "load_femnist",
+    "load_stl10",
+    "load_svhn",
+    "load_tfds",
+    "locate",
     "read_idx",
     "search_dirs",
     "write_idx",
@@ -44,6 +58,13 @@ __all__ = [
 ENV_VAR = "FEDJAX_SEMI_DATA"
 FASHION_MNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 MNIST_URL = "https://yann.lecun.com/exdb/mnist/"
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
+SVHN_URL = "http://ufldl.stanford.edu/housenumbers/"
+STL10_URL = "https://ai.stanford.edu/~acoates/stl10/stl10_binary.tar.gz"
+FEMNIST_URL = "https://github.com/TalwalkarLab/leaf (data/femnist; run its preprocess.sh)"
+# load_dataset("tfds:NAME") reads a dataset prepared by tensorflow-datasets.
+TFDS_PREFIX = "tfds:"
 DEBIAN_FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 DEBIAN_FASHION_MNIST_PACKAGE = "dataset-fashion-mnist"
 
@@ -91,7 +112,62 @@ class ArrayDataset:
 
 
 class DatasetNotFoundError(FileNotFoundError):
-    """Raised when a dataset's files are not found in any searched directory."""
+    """Raised when a dataset's files are not found in any searched directory.
+
+    ``looked_in`` lists the directories searched (empty when not applicable).
+    """
+
+    looked_in: tuple[Path, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class FileSpec:
+    """What a file-based dataset needs on disk, for lookup and not-found messages.
+
+    Attributes:
+      files: required glob patterns relative to the dataset directory, all of which must
+        match (e.g. ``"data_batch_1"`` or ``"train/*.json"``).
+      optional: files used when present (listed in messages only).
+      subdirs: folders of the official archive also searched inside each directory, so
+        both ``DIR/data_batch_1`` and ``DIR/cifar-10-batches-py/data_batch_1`` work.
+      source: the official source (URL and what to do with it).
+    """
+
+    files: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+    subdirs: tuple[str, ...] = ()
+    source: str = ""
+
+
+FILE_SPECS: dict[str, FileSpec] = {
+    "cifar10": FileSpec(
+        files=tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",),
+        subdirs=("cifar-10-batches-py",),
+        source=f"download {CIFAR10_URL} and extract it",
+    ),
+    "cifar100": FileSpec(
+        files=("train", "test"),
+        subdirs=("cifar-100-python",),
+        source=f"download {CIFAR100_URL} and extract it",
+    ),
+    "svhn": FileSpec(
+        files=("train_32x32.mat", "test_32x32.mat"),
+        optional=("extra_32x32.mat",),
+        subdirs=("housenumbers",),
+        source=f"download train_32x32.mat and test_32x32.mat (format 2) from {SVHN_URL}",
+    ),
+    "stl10": FileSpec(
+        files=("train_X.bin", "train_y.bin", "test_X.bin", "test_y.bin"),
+        optional=("unlabeled_X.bin",),
+        subdirs=("stl10_binary",),
+        source=f"download {STL10_URL} and extract it",
+    ),
+    "femnist": FileSpec(
+        files=("train/*.json", "test/*.json"),
+        subdirs=("data", "femnist/data"),
+        source=f"generate the LEAF json splits with {FEMNIST_URL}",
+    ),
+}
 
 
 # ----------------------------------------------------------------------------- IDX format
@@ -205,6 +281,13 @@ def search_dirs(name: str, data_dir: str | None = None) -> list[Path]:
 
 
 def _expected_files(name: str) -> str:
+    spec = FILE_SPECS.get(name)
+    if spec is not None:
+        where = "all in one directory"
+        if spec.subdirs:
+            where += f", either directly or in its {' or '.join(s + '/' for s in spec.subdirs)}"
+        opt = f"; optional: {', '.join(spec.optional)}" if spec.optional else ""
+        return f"Expected files ({where}): {', '.join(spec.files)}{opt}.\n"
     if name not in ("fashion_mnist", "mnist"):
         return ""
     bases = [b for pair in IDX_FILES.values() for b in pair]
@@ -212,6 +295,12 @@ def _expected_files(name: str) -> str:
 
 
 def _how_to_get(name: str) -> str:
+    spec = FILE_SPECS.get(name)
+    if spec is not None:
+        return (
+            f"To get it: {spec.source} (official source) into a directory and set "
+            f"${ENV_VAR} to it (or pass data_dir / dataset.data_dir)."
+        )
     if name == "fashion_mnist":
         return (
             "To get it: `apt-get install dataset-fashion-mnist` (Debian/Ubuntu), or "
@@ -219,10 +308,12 @@ def _how_to_get(name: str) -> str:
             f".gz files from {FASHION_MNIST_URL} into a directory and set ${ENV_VAR} to it "
             "(or pass data_dir)."
         )
-    return (
-        f"To get it: download the four .gz files from {MNIST_URL} into a directory and set "
-        f"${ENV_VAR} to it (or pass data_dir)."
-    )
+    if name == "mnist":
+        return (
+            f"To get it: download the four .gz files from {MNIST_URL} into a directory and set "
+            f"${ENV_VAR} to it (or pass data_dir)."
+        )
+    return ""  # other modules' datasets word their own instructions
 
 
 def _find_file(directory: Path, base: str) -> Path | None:
@@ -240,12 +331,42 @@ def _locate_idx(name: str, data_dir: str | None) -> dict[str, Path]:
         found = {b: _find_file(d, b) for b in bases}
         if all(found.values()):
             return found  # type: ignore[return-value]
-    looked = "\n".join(f"  - {d}{'' if d.is_dir() else ' (missing)'}" for d in dirs)
-    raise DatasetNotFoundError(
-        f"dataset {name!r} not found. Looked in:\n{looked}\n"
-        f"Expected files (plain or .gz, all in one directory): {', '.join(bases)}.\n"
-        f"{_how_to_get(name)}"
+    raise _not_found(
+        name,
+        dirs,
+        f"Expected files (plain or .gz, all in one directory): {', '.join(bases)}.\n",
     )
+
+
+def _not_found(name: str, dirs: list[Path], expected: str | None = None) -> DatasetNotFoundError:
+    """The error for dataset ``name`` missing from ``dirs``: where, which files, source."""
+    looked = "\n".join(f"  - {d}{'' if d.is_dir() else ' (missing)'}" for d in dirs)
+    err = DatasetNotFoundError(
+        f"dataset {name!r} not found. Looked in:\n{looked}\n"
+        f"{_expected_files(name) if expected is None else expected}{_how_to_get(name)}"
+    )
+    err.looked_in = tuple(dirs)
+    return err
+
+
+def _has(directory: Path, pattern: str) -> bool:
+    # Files only: CIFAR-100's "train" must not match e.g. a LEAF "train/" folder.
+    return directory.is_dir() and any(p.is_file() for p in directory.glob(pattern))
+
+
+def _locate_files(name: str, data_dir: str | None) -> Path:
+    """The first directory (or official subfolder of one) holding all of ``FILE_SPECS[name]``.
+
+    Raises:
+      DatasetNotFoundError: naming the directories searched, the files and the source.
+    """
+    spec = FILE_SPECS[name]
+    dirs = search_dirs(name, data_dir)
+    for d in dirs:
+        for candidate in (d, *(d / s for s in spec.subdirs)):
+            if all(_has(candidate, pattern) for pattern in spec.files):
+                return candidate
+    raise _not_found(name, dirs)
 
 
 # ----------------------------------------------------------------------------- loaders
@@ -275,6 +396,7 @@ def _make(
     x_test: np.ndarray,
     y_test: np.ndarray,
     num_classes: int,
+    extra: dict[str, Any] | None = None,
 ) -> ArrayDataset:
     for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
         if x.ndim != 4 or x.dtype != np.uint8:
@@ -285,9 +407,11 @@ def _make(
             raise ValueError(f"{name}/{split}: labels outside [0, {num_classes})")
     mean, std = _channel_stats(x_train)
     arrays = [np.ascontiguousarray(a) for a in (x_train, y_train, x_test, y_test)]
-    for a in arrays:
-        a.setflags(write=False)  # shared through the in-process cache
-    return ArrayDataset(name, *arrays, num_classes=num_classes, mean=mean, std=std)
+    extra = dict(extra or {})
+    for a in [*arrays, *(v for v in extra.values() if isinstance(v, np.ndarray))]:
+        if a.flags.writeable:
+            a.setflags(write=False)  # shared through the in-process cache
+    return ArrayDataset(name, *arrays, num_classes=num_classes, mean=mean, std=std, extra=extra)
 
 
 def _load_idx_dataset(name: str, data_dir: str | None) -> ArrayDataset:
@@ -333,16 +457,167 @@ def load_digits(data_dir: str | None = None) -> ArrayDataset:
     return _make("digits", x[~test_mask], y[~test_mask], x[test_mask], y[test_mask], 10)
 
 
-DATASETS: dict[str, Callable[[str | None], ArrayDataset]] = {
+def load_cifar10(data_dir: str | None = None) -> ArrayDataset:
+    """CIFAR-10 from the official python batches: 50000/10000 ``uint8 [N, 32, 32, 3]``,
+    10 classes (files ``data_batch_1..5``, ``test_batch``)."""
+    d = _locate_files("cifar10", data_dir)
+    xs, ys = [], []
+    for i in range(1, 6):
+        x, labels = images.read_cifar_batch(d / f"data_batch_{i}")
+        xs.append(x)
+        ys.append(labels["labels"])
+    x_test, labels = images.read_cifar_batch(d / "test_batch")
+    return _make("cifar10", np.concatenate(xs), np.concatenate(ys), x_test, labels["labels"], 10)
+
+
+def load_cifar100(data_dir: str | None = None) -> ArrayDataset:
+    """CIFAR-100 from the official python files ``train``/``test``: 50000/10000 images
+    ``uint8 [N, 32, 32, 3]``; ``y`` = the 100 fine labels.
+
+    ``extra["y_train_coarse"]``, ``extra["y_test_coarse"]``: ``int32 [N]`` superclass
+    (0..19) of each sample, e.g. to build CoFED-style tasks.
+    """
+    d = _locate_files("cifar100", data_dir)
+    x_train, train = images.read_cifar_batch(d / "train")
+    x_test, test = images.read_cifar_batch(d / "test")
+    for split, labels in (("train", train), ("test", test)):
+        if "fine_labels" not in labels or "coarse_labels" not in labels:
+            raise ValueError(f"{d / split}: CIFAR-100 needs fine_labels and coarse_labels")
+    extra = {"y_train_coarse": train["coarse_labels"], "y_test_coarse": test["coarse_labels"]}
+    return _make("cifar100", x_train, train["fine_labels"], x_test, test["fine_labels"], 100, extra)
+
+
+def load_svhn(data_dir: str | None = None, include_extra: bool = True) -> ArrayDataset:
+    """SVHN cropped digits (format 2): 73257/26032 images ``uint8 [N, 32, 32, 3]``,
+    10 classes, label 10 of the files mapped to digit 0.
+
+    When ``extra_32x32.mat`` sits beside the other files and ``include_extra``, its 531131
+    samples go to ``extra["x_extra"]`` / ``extra["y_extra"]`` (not in the train split).
+    """
+    d = _locate_files("svhn", data_dir)
+    x_train, y_train = images.read_svhn_mat(d / "train_32x32.mat")
+    x_test, y_test = images.read_svhn_mat(d / "test_32x32.mat")
+    extra: dict[str, np.ndarray] = {}
+    if include_extra and (d / "extra_32x32.mat").is_file():
+        extra["x_extra"], extra["y_extra"] = images.read_svhn_mat(d / "extra_32x32.mat")
+    return _make("svhn", x_train, y_train, x_test, y_test, 10, extra)
+
+
+def load_stl10(data_dir: str | None = None, unlabeled: bool = True) -> ArrayDataset:
+    """STL-10 (binary version): 5000/8000 images ``uint8 [N, 96, 96, 3]``, 10 classes
+    (labels 1..10 of the files mapped to 0..9).
+
+    When ``unlabeled_X.bin`` is present and ``unlabeled``, ``extra["x_unlabeled"]`` holds the
+    100000 unlabeled images ``uint8 [U, 96, 96, 3]`` as a read-only memory map (2.7 GB).
+    """
+    d = _locate_files("stl10", data_dir)
+    x_train = images.read_stl10_images(d / "train_X.bin")
+    y_train = images.read_stl10_labels(d / "train_y.bin")
+    x_test = images.read_stl10_images(d / "test_X.bin")
+    y_test = images.read_stl10_labels(d / "test_y.bin")
+    extra: dict[str, np.ndarray] = {}
+    if unlabeled and (d / "unlabeled_X.bin").is_file():
+        extra["x_unlabeled"] = images.read_stl10_images(d / "unlabeled_X.bin", mmap=True)
+    return _make("stl10", x_train, y_train, x_test, y_test, 10, extra)
+
+
+def load_femnist(data_dir: str | None = None) -> ArrayDataset:
+    """FEMNIST in LEAF's json format (``train/*.json``, ``test/*.json``): images
+    ``uint8 [N, 28, 28, 1]`` (``round(x * 255)``; LEAF draws ink dark on a white 1.0
+    background), 62 classes (10 digits, 26 upper, 26 lower case letters).
+
+    Writers are the natural clients: ``extra["writers"]`` is the ``str [W]`` array of LEAF
+    user ids (train users first, in file order), and ``extra["writer_train"]``,
+    ``extra["writer_test"]`` the ``int32 [N]`` index into it of each sample's writer.
+    """
+    d = _locate_files("femnist", data_dir)
+    x_train, y_train, users_train = images.read_leaf_dir(d / "train")
+    x_test, y_test, users_test = images.read_leaf_dir(d / "test")
+    index: dict[str, int] = {}
+    for user in [*users_train, *users_test]:
+        index.setdefault(user, len(index))
+    extra = {
+        "writers": np.array(list(index), dtype=str),
+        "writer_train": np.array([index[u] for u in users_train], dtype=np.int32),
+        "writer_test": np.array([index[u] for u in users_test], dtype=np.int32),
+    }
+    return _make("femnist", x_train, y_train, x_test, y_test, 62, extra)
+
+
+def _tfds_hint(data_dir: str | None) -> str:
+    where = f"data_dir={data_dir!r}" if data_dir else "TFDS's default data dir"
+    return (
+        f"Prepare it in array_record format in {where} on a machine with network, e.g. "
+        "`tfds build NAME --file_format=array_record` (or builder.download_and_prepare("
+        "file_format='array_record')), then copy the NAME/ folder here. "
+        "fedjax-semi never downloads."
+    )
+
+
+def load_tfds(tfds_name: str, data_dir: str | None = None) -> ArrayDataset:
+    """A dataset already prepared by tensorflow-datasets in ``array_record`` format.
+
+    Reads splits ``train``/``test`` with features ``image`` (uint8 ``[H, W, C]`` or
+    ``[H, W]``) and ``label`` (ClassLabel) through ``tfds.data_source`` (no TensorFlow,
+    ``download=False``). ``data_dir`` is the TFDS data directory (default: TFDS's own,
+    ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``). The result is named ``tfds:NAME``.
+
+    Raises:
+      DatasetNotFoundError: tensorflow-datasets is missing, or the dataset is not prepared
+        (or not readable) in ``data_dir``.
+    """
+    name = TFDS_PREFIX + tfds_name
+    if data_dir:
+        root = Path(data_dir).expanduser()
+        if not root.is_dir():
+            raise DatasetNotFoundError(
+                f"dataset.data_dir={str(root)!r} does not exist or is not a directory "
+                f"(dataset {name!r}).\n{_tfds_hint(data_dir)}"
+            )
+        data_dir = str(root)
+    try:
+        arrays, num_classes = images.read_tfds(tfds_name, data_dir)
+    except ImportError as e:
+        raise DatasetNotFoundError(
+            f"dataset {name!r} needs tensorflow-datasets ({e}); install it with "
+            "`pip install 'fedjax-semi[tfds]'`."
+        ) from e
+    except Exception as e:  # TFDS raises many types for "not prepared"
+        raise DatasetNotFoundError(
+            f"dataset {name!r} could not be read by tfds.data_source "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}).\n"
+            f"{_tfds_hint(data_dir)}"
+        ) from e
+    return _make(name, num_classes=num_classes, **arrays)
+
+
+DATASETS: dict[str, Callable[..., ArrayDataset]] = {
     "fashion_mnist": load_fashion_mnist,
     "mnist": load_mnist,
     "digits": load_digits,
+    "cifar10": load_cifar10,
+    "cifar100": load_cifar100,
+    "svhn": load_svhn,
+    "stl10": load_stl10,
+    "femnist": load_femnist,
 }
 
 
 def dataset_names() -> list[str]:
-    """Names accepted by :func:`load_dataset` (sorted)."""
+    """Names accepted by :func:`load_dataset` (sorted); ``tfds:NAME`` is accepted too, see
+    :func:`is_known_dataset`."""
     return sorted(DATASETS)
+
+
+def is_known_dataset(name: str) -> bool:
+    """Whether :func:`load_dataset` accepts ``name``: a registered name or ``tfds:NAME``."""
+    return name in DATASETS or (name.startswith(TFDS_PREFIX) and len(name) > len(TFDS_PREFIX))
+
+
+def _loader(name: str) -> Callable[..., ArrayDataset]:
+    if name.startswith(TFDS_PREFIX):
+        return functools.partial(load_tfds, name[len(TFDS_PREFIX) :])
+    return DATASETS[name]
 
 
 @functools.lru_cache(maxsize=8)
@@ -350,7 +625,7 @@ def _load_cached(
     name: str, data_dir: str | None, options: tuple, _env: tuple[str | None, ...]
 ) -> ArrayDataset:
     # _env is only part of the cache key: lookup depends on these environment variables.
-    return DATASETS[name](data_dir, **dict(options))
+    return _loader(name)(data_dir, **dict(options))
 
 
 def load_dataset(name: str, data_dir: str | None = None, **options: Any) -> ArrayDataset:
@@ -358,18 +633,22 @@ def load_dataset(name: str, data_dir: str | None = None, **options: Any) -> Arra
     environment). ``options`` (e.g. ``vocab_size``, ``seq_len`` of text datasets) reach the
     loaders that take them; the others ignore them.
 
+    ``name`` is a registered name (:func:`dataset_names`) or ``tfds:NAME`` for a dataset
+    prepared by tensorflow-datasets (see :func:`load_tfds`).
+
     Raises:
       ValueError: unknown ``name`` (config key ``dataset.name``).
       DatasetNotFoundError: the files were not found; the message says where it looked
         and how to get them.
     """
-    if name not in DATASETS:
+    if not is_known_dataset(name):
         raise ValueError(
-            f"dataset.name={name!r} is not a known dataset; allowed: {dataset_names()}"
+            f"dataset.name={name!r} is not a known dataset; allowed: {dataset_names()} "
+            f"or {TFDS_PREFIX}NAME (a dataset prepared by tensorflow-datasets)"
         )
-    accepted = inspect.signature(DATASETS[name]).parameters
+    accepted = inspect.signature(_loader(name)).parameters
     opts = tuple(sorted((k, v) for k, v in options.items() if k in accepted))
-    env = (os.environ.get(ENV_VAR), os.environ.get("XDG_CACHE_HOME"), os.environ.get("HOME"))
+    env = tuple(os.environ.get(v) for v in (ENV_VAR, "XDG_CACHE_HOME", "HOME", "TFDS_DATA_DIR"))
     return _load_cached(name, str(data_dir) if data_dir else None, opts, env)
 
 
@@ -418,11 +697,36 @@ def fetch_fashion_mnist(dest: Path | None = None) -> Path:
     return dest
 
 
+# Name -> f(data_dir) returning where the data is, without loading it; raises
+# DatasetNotFoundError. Datasets without one are checked by loading them.
+LOCATORS: dict[str, Callable[[str | None], str]] = {
+    "digits": lambda data_dir: "bundled with scikit-learn",
+    "mnist": lambda data_dir: str(next(iter(_locate_idx("mnist", data_dir).values())).parent),
+    "fashion_mnist": lambda data_dir: str(
+        next(iter(_locate_idx("fashion_mnist", data_dir).values())).parent
+    ),
+    **{name: functools.partial(lambda n, d: str(_locate_files(n, d)), name) for name in FILE_SPECS},
+}
+
+
+def locate(name: str, data_dir: str | None = None) -> str:
+    """Where dataset ``name`` is (a directory, or a note such as "bundled with ..."),
+    checking its files without loading them when a locator is registered.
+
+    Raises:
+      ValueError: unknown ``name``.
+      DatasetNotFoundError: not found; the message says where it looked.
+    """
+    if not is_known_dataset(name):
+        raise ValueError(f"dataset.name={name!r} is not known; allowed: {dataset_names()}")
+    if name in LOCATORS:
+        return LOCATORS[name](data_dir)
+    load_dataset(name, data_dir)
+    return "loaded"
+
+
 def _where(name: str) -> str:
-    if name == "digits":
-        return "bundled with scikit-learn"
-    files = _locate_idx(name, None)
-    return str(next(iter(files.values())).parent)
+    return locate(name)
 
 
 def ensure(name: str) -> int:

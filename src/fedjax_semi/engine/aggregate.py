@@ -80,7 +80,10 @@ def server_update(
 
 
 def segment_mean(stacked: PyTree, weights: jax.Array, segments: jax.Array, num: int) -> PyTree:
-    """Weighted mean per segment (cluster): leaves [S, ...], weights [S], segments int [S] -> [num, ...]."""
+    """Weighted mean per segment (cluster).
+
+    stacked leaves [S, ...], weights [S], segments int [S] -> leaves [num, ...].
+    """
     tot = jax.ops.segment_sum(weights, segments, num)
     w = weights / jnp.maximum(tot[segments], 1e-12)
 

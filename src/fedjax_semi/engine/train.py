@@ -50,7 +50,8 @@ def kl_divergence(logits: jax.Array, target_probs: jax.Array) -> jax.Array:
 
 def sq_distance(a: PyTree, b: PyTree) -> jax.Array:
     """||a - b||^2 over all leaves."""
-    return sum(jnp.sum(jnp.square(x - y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    return sum(jnp.sum(jnp.square(x - y)) for x, y in pairs)
 
 
 # ----------------------------------------------------------------------------- optimizers

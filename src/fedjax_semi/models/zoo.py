@@ -1,7 +1,8 @@
-"""Model registry: MLP (2NN), FedAvg CNN and ResNet-9 with MC dropout.
+"""Model registry: MLP (2NN), FedAvg CNN, ResNet-9 with MC dropout and a text classifier.
 
-All modules share the call signature ``module(x, train, mc)`` on preprocessed float
-``[B, H, W, C]`` input and return logits ``[B, num_classes]``:
+All modules share the call signature ``module(x, train, mc)`` on preprocessed input
+(float ``[B, H, W, C]`` images, float ``[B, D]`` features or int32 ``[B, L]`` token ids;
+see :data:`INPUT_KINDS`) and return logits ``[B, num_classes]``:
 
 * ``train=True``: dropout on, BatchNorm uses batch statistics (``batch_stats`` mutable).
 * ``mc=True`` (with ``train=False``): dropout on, BatchNorm uses running statistics.
@@ -27,6 +28,16 @@ Array = jax.Array
 
 CONV_IMPLS = ("im2col", "xla")
 NORMS = ("batch", "none")
+# Dataset input kinds (ArrayDataset.kind): uint8 images [H, W, C], int32 token ids [L]
+# (0 = padding) and float features [D].
+INPUT_KINDS = ("image", "tokens", "features")
+# The input kinds each registered model accepts.
+MODEL_INPUT_KINDS: dict[str, tuple[str, ...]] = {
+    "mlp": ("image", "features"),
+    "cnn": ("image",),
+    "resnet9": ("image",),
+    "text": ("tokens",),
+}
 
 
 def _scale(channels: int, width: float) -> int:
@@ -73,6 +84,41 @@ class CNN(nn.Module):
         x = nn.relu(nn.Dense(_scale(512, self.width))(_flatten(x)))
         x = Dropout(self.dropout)(x, active=train or mc)
         return nn.Dense(self.num_classes)(x)
+
+
+class TextClassifier(nn.Module):
+    """Bag-of-embeddings text classifier on token ids (0 = padding).
+
+    Embed(vocab_size, embed_dim) -> mean over non-padding tokens -> [Dense(h) -> ReLU ->
+    Dropout] per h -> Dense(num_classes). With ``hidden=()`` this is exactly the
+    ``EmbeddingBag(V, 64, mode="mean") -> Linear`` model of the PyTorch text tutorial that
+    the DoFed-SPP spec (section 3.3, A9) uses for DBPedia; the ``text`` config adds one
+    hidden layer (``hidden: [64]``). Ada-FedSemi's IMDB model is a sentence CNN instead
+    (spec A17), not this one. Differences from the tutorial: embeddings are initialized
+    N(0, 1) (flax's default) rather than U(-0.5, 0.5), and padding is masked explicitly
+    instead of using offsets into a flat token list.
+    """
+
+    num_classes: int
+    vocab_size: int
+    embed_dim: int = 64
+    hidden: tuple[int, ...] = (64,)
+    dropout: float = 0.0
+
+    @nn.compact
+    def __call__(self, x: Array, train: bool = False, mc: bool = False) -> Array:
+        """x ``int32 [B, L]`` token ids -> logits ``[B, num_classes]``."""
+        emb = nn.Embed(self.vocab_size, self.embed_dim)(x)  # [B, L, E]
+        mask = (x != 0).astype(emb.dtype)[..., None]  # [B, L, 1]; padding contributes nothing
+        # An all-padding text pools to zeros instead of 0/0.
+        pooled = jnp.sum(emb * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
+        h = pooled
+        for units in self.hidden:
+            h = nn.relu(nn.Dense(units)(h))
+            h = Dropout(self.dropout)(h, active=train or mc)
+        if not self.hidden:  # keep MC dropout available in the tutorial's linear model
+            h = Dropout(self.dropout)(h, active=train or mc)
+        return nn.Dense(self.num_classes)(h)
 
 
 class ConvBN(nn.Module):
@@ -150,7 +196,8 @@ class Model:
     """A module plus its input spec and normalization.
 
     ``init``/``apply`` are pure functions of their array arguments, so they can be
-    vmapped over a leading client axis of keys/variables.
+    vmapped over a leading client axis of keys/variables. ``input_kind`` (one of
+    :data:`INPUT_KINDS`) decides what :meth:`preprocess` does.
     """
 
     name: str
@@ -161,10 +208,12 @@ class Model:
     std: tuple[float, ...]
     has_batch_stats: bool
     has_dropout: bool
+    input_kind: str = "image"
 
     def init(self, key: Array) -> dict[str, Any]:
         """PRNG key -> variables ``{'params': ..., ['batch_stats': ...]}`` (dummy batch of 2)."""
-        dummy = jnp.zeros((2, *self.input_shape), jnp.float32)
+        dtype = jnp.int32 if self.input_kind == "tokens" else jnp.float32
+        dummy = jnp.zeros((2, *self.input_shape), dtype)
         variables = self.module.init({"params": key, "dropout": key}, dummy, False, False)
         return dict(variables)
 
@@ -179,7 +228,16 @@ class Model:
         return dataclasses.replace(self, module=self.module.clone(conv_impl=impl))
 
     def preprocess(self, x: Array) -> Array:
-        """uint8/float ``[..., H, W, C]`` -> float32 ``((x / 255) - mean) / std``, same shape."""
+        """Raw batch -> module input, same shape.
+
+        * ``"image"``: uint8/float ``[..., H, W, C]`` -> float32 ``((x / 255) - mean) / std``.
+        * ``"tokens"``: ids ``[..., L]`` -> int32 unchanged (never normalized).
+        * ``"features"``: ``[..., D]`` -> float32 unchanged (loaders standardize already).
+        """
+        if self.input_kind == "tokens":
+            return jnp.asarray(x).astype(jnp.int32)
+        if self.input_kind == "features":
+            return jnp.asarray(x).astype(jnp.float32)
         mean = jnp.asarray(self.mean, jnp.float32)
         std = jnp.asarray(self.std, jnp.float32)
         return (jnp.asarray(x).astype(jnp.float32) / 255.0 - mean) / std
@@ -197,7 +255,8 @@ class Model:
 
         Args:
             variables: from :meth:`init` (unbatched; vmap this method for client stacks).
-            x: uint8 or float ``[B, H, W, C]`` raw pixels; preprocessed here.
+            x: raw batch ``[B, *input_shape]`` (uint8/float pixels, int32 token ids or
+                float features); preprocessed here.
             train: dropout on, BatchNorm on batch stats; returns updated ``batch_stats``.
             mc: (with ``train=False``) dropout on, BatchNorm on running stats.
             rng: PRNG key for dropout; required when dropout is active and rate > 0.
@@ -240,11 +299,27 @@ def _build_resnet9(
     return ResNet9(num_classes, width, dropout, conv_impl, norm)
 
 
-# name -> builder(num_classes, *, width, dropout, conv_impl, hidden, norm) -> nn.Module
+def _build_text(
+    num_classes: int,
+    *,
+    width: float,
+    dropout: float,
+    hidden: tuple[int, ...],
+    embed_dim: int,
+    vocab_size: int,
+    **_: Any,
+) -> nn.Module:
+    hidden = tuple(_scale(h, width) for h in hidden)
+    return TextClassifier(num_classes, vocab_size, embed_dim, hidden, dropout)
+
+
+# name -> builder(num_classes, *, width, dropout, conv_impl, hidden, norm, embed_dim,
+# vocab_size) -> nn.Module
 MODELS: dict[str, ModuleBuilder] = {
     "mlp": _build_mlp,
     "cnn": _build_cnn,
     "resnet9": _build_resnet9,
+    "text": _build_text,
 }
 
 
@@ -271,26 +346,52 @@ def make_model(
     norm: str = "batch",
     embed_dim: int = 64,
     vocab_size: int | None = None,
+    input_kind: str | None = None,
 ) -> Model:
     """Build a registered model.
 
     Args:
         name: one of :func:`model_names`.
-        input_shape: per-example ``(H, W, C)``.
+        input_shape: per-example ``(H, W, C)`` images, ``(L,)`` tokens or ``(D,)`` features.
         num_classes: number of logits.
-        mean, std: per-channel normalization of ``x / 255`` (length 1 or C).
+        mean, std: per-channel normalization of ``x / 255`` (length 1 or C); images only.
         width: channel/unit multiplier (> 0); scaled counts are at least 1.
         dropout: dropout rate in ``[0, 1)``; 0 disables dropout (and MC sampling).
         conv_impl: ``"im2col"`` (default, fast under vmap/scan) or ``"xla"``.
-        hidden: MLP hidden sizes (before width scaling).
+        hidden: MLP / text-model hidden sizes (before width scaling).
         norm: ResNet-9 normalization, ``"batch"`` or ``"none"``.
+        embed_dim: text model embedding width.
+        vocab_size: text model vocabulary size (token ids ``< vocab_size``); required for
+            ``"text"``, ignored otherwise.
+        input_kind: the dataset's ``kind`` (one of :data:`INPUT_KINDS`); ``None`` infers
+            ``"tokens"`` for ``"text"`` and ``"image"`` for the others.
 
     Raises:
         ValueError: naming the offending config key (``model.name``, ``model.width``,
-            ``model.dropout``, ``model.conv``, ``model.norm``).
+            ``model.dropout``, ``model.conv``, ``model.norm``, ``model.embed_dim``,
+            ``dataset.vocab_size``), or a model that does not accept ``input_kind``.
     """
     if name not in MODELS:
         raise _invalid("model.name", name, ", ".join(model_names()))
+    if input_kind is None:
+        input_kind = "tokens" if name == "text" else "image"
+    if input_kind not in INPUT_KINDS:
+        raise _invalid("input_kind (dataset kind)", input_kind, ", ".join(INPUT_KINDS))
+    if input_kind not in MODEL_INPUT_KINDS[name]:
+        fits = [m for m, kinds in MODEL_INPUT_KINDS.items() if input_kind in kinds]
+        raise _invalid(
+            "model.name", name, f"for a dataset of kind {input_kind!r}: {', '.join(fits)}"
+        )
+    if name == "text":
+        if vocab_size is None:
+            raise ValueError(
+                "model.name='text' needs the vocabulary size of a token dataset "
+                "(dataset.kind='tokens', e.g. dataset=dbpedia); got vocab_size=None"
+            )
+        if vocab_size < 3:
+            raise _invalid("dataset.vocab_size", vocab_size, ">= 3 (padding, unknown, words)")
+        if embed_dim < 1:
+            raise _invalid("model.embed_dim", embed_dim, ">= 1")
     if not width > 0:
         raise _invalid("model.width", width, "> 0")
     if not 0.0 <= dropout < 1.0:
@@ -300,11 +401,12 @@ def make_model(
     if norm not in NORMS:
         raise _invalid("model.norm", norm, ", ".join(NORMS))
     input_shape = tuple(int(d) for d in input_shape)
-    channels = input_shape[-1]
     mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
-    for key, vals in (("model.mean", mean), ("model.std", std)):
-        if len(vals) not in (1, channels):
-            raise _invalid(key, vals, f"length 1 or {channels} (input channels)")
+    if input_kind == "image":  # mean/std are unused for tokens and features
+        channels = input_shape[-1]
+        for key, vals in (("model.mean", mean), ("model.std", std)):
+            if len(vals) not in (1, channels):
+                raise _invalid(key, vals, f"length 1 or {channels} (input channels)")
     module = MODELS[name](
         num_classes,
         width=width,
@@ -312,6 +414,8 @@ def make_model(
         conv_impl=conv_impl,
         hidden=tuple(hidden),
         norm=norm,
+        embed_dim=embed_dim,
+        vocab_size=vocab_size,
     )
     return Model(
         name=name,
@@ -322,6 +426,7 @@ def make_model(
         std=std,
         has_batch_stats=name == "resnet9" and norm == "batch",
         has_dropout=dropout > 0.0,
+        input_kind=input_kind,
     )
 
 

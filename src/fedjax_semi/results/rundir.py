@@ -128,14 +128,14 @@ def plot_curves(rows: list[dict], path: Path, title: str) -> None:
     for key, label in [("global_acc", "global test"), ("personal_acc", "per-client test")]:
         pts = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
         if pts:
-            ax1.plot(*zip(*pts), marker=".", label=label)
+            ax1.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=label)
     ax1.set_xlabel("round")
     ax1.set_ylabel("accuracy")
     ax1.grid(alpha=0.3)
     ax1.legend()
     pts = [(r["round"], r["train_loss"]) for r in rows if r.get("train_loss") is not None]
     if pts:
-        ax2.plot(*zip(*pts), color="C3")
+        ax2.plot([p[0] for p in pts], [p[1] for p in pts], color="C3")
     ax2.set_xlabel("round")
     ax2.set_ylabel("local training loss")
     ax2.grid(alpha=0.3)
