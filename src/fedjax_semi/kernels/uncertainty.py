@@ -1,0 +1,174 @@
+"""UM-pFSSL's array kernels (spec `uncertainty_pfssl.md` section 2): MC-dropout predictive
+distribution and entropy, the data-relation metric Corr(k|j), helper-weighted personalized
+aggregation, and pseudo-labels from the least uncertain helper.
+
+Everything here is pure jnp over fixed shapes; callers vmap over (client, helper) pairs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_semi.models.zoo import Model
+
+PyTree = Any
+EPS_H = 1e-6  # floor of the normalized entropy in Corr's reciprocal term (spec 2.3)
+
+
+# ----------------------------------------------------------------------------- Kernel A
+
+
+def mc_logits(model: Model, variables: PyTree, x: jax.Array, keys: jax.Array) -> jax.Array:
+    """Logits of T dropout samples: x [N, ...], keys [T] -> [T, N, NC].
+
+    BatchNorm runs on its running statistics; only dropout is random. Models that expose a
+    deterministic `prefix` and a stochastic `suffix` (ResNet-9) run the prefix once and vmap
+    only the suffix over the keys, which is the same function (spec 2.2, AC3).
+    """
+    module = model.module
+    if hasattr(module, "prefix") and hasattr(module, "suffix"):
+        h = model.preprocess(x)
+        skip, a = module.apply(variables, h, False, method="prefix")
+
+        def suffix(k):
+            out = module.apply(
+                variables, skip, a, False, True, method="suffix", rngs={"dropout": k}
+            )
+            return out.astype(jnp.float32)
+
+        return jax.vmap(suffix)(keys)
+    return jax.vmap(lambda k: model.apply(variables, x, mc=True, rng=k)[0])(keys)
+
+
+def predictive_entropy(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Bayesian model average and its entropy (Eqs. 9, 10).
+
+    logits [T, N, NC] -> (p_bar [N, NC], h [N]) with h = -sum_c p_bar log p_bar in [0, log NC].
+    This is the total predictive entropy, not BALD's mutual information.
+    """
+    t, nc = logits.shape[0], logits.shape[-1]
+    log_p = jax.nn.logsumexp(jax.nn.log_softmax(logits.astype(jnp.float32), -1), axis=0)
+    log_p = log_p - jnp.log(t)
+    p_bar = jnp.exp(log_p)
+    h = -jnp.sum(p_bar * log_p, axis=-1)
+    return p_bar, jnp.clip(h, 0.0, jnp.log(nc))
+
+
+def mc_predict(
+    model: Model, variables: PyTree, x: jax.Array, key: jax.Array, num_samples: int
+) -> tuple[jax.Array, jax.Array]:
+    """MC-dropout predictive distribution: x [N, ...] -> (p_bar [N, NC], entropy [N])."""
+    keys = jax.random.split(key, num_samples)
+    return predictive_entropy(mc_logits(model, variables, x, keys))
+
+
+# ----------------------------------------------------------------------------- Kernel B
+
+
+def relation_metric(
+    ent_u: jax.Array,
+    mask_u: jax.Array,
+    p_bar_s: jax.Array,
+    y_s: jax.Array,
+    mask_s: jax.Array,
+    mu: jax.Array,
+    num_classes: int,
+    form: str = "reciprocal",
+) -> dict:
+    """Corr(k|j) of helper j for client k (Eqs. 12-14), from j's MC statistics on k's data.
+
+    ent_u [Nu], mask_u [Nu]: j's entropy on k's unlabeled data.
+    p_bar_s [Ns, NC], y_s [Ns], mask_s [Ns]: j's MC mean on k's labeled data.
+    mu: k's labeled ratio. form: "reciprocal" (the paper's Eq. 13, literal) or "complement"
+    ((1 - mu)(1 - H) + mu Acc, for ablation).
+    Returns corr, h_bar (normalized mean entropy in [0, 1]) and acc.
+    """
+    n_u, n_s = jnp.sum(mask_u), jnp.sum(mask_s)
+    h_bar = jnp.sum(jnp.where(mask_u, ent_u, 0.0)) / jnp.maximum(n_u, 1) / jnp.log(num_classes)
+    correct = (jnp.argmax(p_bar_s, -1) == y_s) & mask_s
+    acc = jnp.sum(correct) / jnp.maximum(n_s, 1)
+    if form == "reciprocal":
+        unl_term = (1.0 - mu) / jnp.maximum(h_bar, EPS_H)
+    elif form == "complement":
+        unl_term = (1.0 - mu) * (1.0 - h_bar)
+    else:
+        raise ValueError(
+            f"algorithm.corr_form={form!r} is not allowed: one of ['reciprocal', 'complement']"
+        )
+    corr = jnp.where(n_u > 0, unl_term, 0.0) + jnp.where(n_s > 0, mu * acc, 0.0)
+    return {"corr": corr, "h_bar": h_bar, "acc": acc}
+
+
+def pair_stats(
+    model: Model,
+    variables: PyTree,
+    data_x: jax.Array,
+    labels: jax.Array,
+    unl_idx: jax.Array,
+    unl_count: jax.Array,
+    lab_idx: jax.Array,
+    lab_count: jax.Array,
+    mu: jax.Array,
+    key: jax.Array,
+    num_samples: int,
+    form: str = "reciprocal",
+) -> dict:
+    """Helper model `variables` on one client's data (spec 2.3, per pair).
+
+    unl_idx [Nu], lab_idx [Ns]: the client's index rows; counts are the valid lengths.
+    Returns corr, h_bar, acc, p_bar_u [Nu, NC] (zero on padding) and ent_u [Nu] (+inf on
+    padding, so a padded row never wins an argmin).
+    """
+    mask_u = jnp.arange(unl_idx.shape[0]) < unl_count
+    mask_s = jnp.arange(lab_idx.shape[0]) < lab_count
+    ku, ks = jax.random.split(key)
+    p_u, ent_u = mc_predict(model, variables, data_x[unl_idx], ku, num_samples)
+    p_s, _ = mc_predict(model, variables, data_x[lab_idx], ks, num_samples)
+    stats = relation_metric(ent_u, mask_u, p_s, labels[lab_idx], mask_s, mu, p_u.shape[-1], form)
+    stats["p_bar_u"] = jnp.where(mask_u[:, None], p_u, 0.0)
+    stats["ent_u"] = jnp.where(mask_u, ent_u, jnp.inf)
+    return stats
+
+
+# ----------------------------------------------------------------------------- Kernel D
+
+
+def aggregation_weights(corr: jax.Array, valid: jax.Array) -> jax.Array:
+    """Helper weights omega [S, M] from Corr [S, M] and validity [S, M] (spec 2.5).
+
+    Proportional to Corr over valid slots; uniform over valid slots when they all have ~0 Corr.
+    """
+    w = jnp.where(valid, corr, 0.0)
+    total = jnp.sum(w, axis=-1, keepdims=True)
+    uniform = valid / jnp.maximum(jnp.sum(valid, axis=-1, keepdims=True), 1)
+    return jnp.where(total > 1e-12, w / jnp.maximum(total, 1e-12), uniform)
+
+
+def personalized_average(weights: jax.Array, helpers: PyTree) -> PyTree:
+    """sum_m omega[s, m] * helpers[s, m] for every leaf: [S, M], [S, M, ...] -> [S, ...].
+
+    Applies to every variable, BatchNorm running statistics included.
+    """
+    return jax.tree.map(lambda a: jnp.einsum("sm,sm...->s...", weights.astype(a.dtype), a), helpers)
+
+
+# ----------------------------------------------------------------------------- Kernel E
+
+
+def helper_pseudo_labels(
+    p_bar: jax.Array, ent: jax.Array, valid: jax.Array, hard: bool = False
+) -> tuple[jax.Array, jax.Array]:
+    """Pseudo-labels from the least uncertain valid helper per sample (Eq. 11).
+
+    p_bar [S, M, Nu, NC], ent [S, M, Nu], valid [S, M] -> (y_hat [S, Nu, NC], chosen slot
+    [S, Nu]). Ties go to the lowest slot (self is slot 0). `hard` gives one-hot labels.
+    """
+    masked = jnp.where(valid[:, :, None], ent, jnp.inf)
+    chosen = jnp.argmin(masked, axis=1)  # [S, Nu]; argmin returns the first minimum
+    y_hat = jnp.take_along_axis(p_bar, chosen[:, None, :, None], axis=1)[:, 0]
+    if hard:
+        y_hat = jax.nn.one_hot(jnp.argmax(y_hat, -1), p_bar.shape[-1], dtype=y_hat.dtype)
+    return y_hat, chosen

@@ -1,0 +1,239 @@
+"""UM-pFSSL kernels against plain NumPy references (spec uncertainty_pfssl.md, AC1-AC7, AC10)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedjax_semi.kernels import selection, uncertainty
+from fedjax_semi.models.zoo import make_model
+
+
+def np_softmax(z):
+    z = z - z.max(-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(-1, keepdims=True)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 5), st.integers(2, 7), st.integers(0, 10**6))
+def test_predictive_entropy_matches_numpy_and_bounds(t, n, nc, seed):
+    logits = np.random.default_rng(seed).normal(scale=3, size=(t, n, nc)).astype(np.float32)
+    p_bar, h = uncertainty.predictive_entropy(jnp.asarray(logits))
+    ref_p = np_softmax(logits.astype(np.float64)).mean(0)
+    ref_h = -(ref_p * np.log(ref_p)).sum(-1)
+    np.testing.assert_allclose(p_bar, ref_p, atol=1e-5)
+    np.testing.assert_allclose(h, ref_h, atol=1e-4)
+    assert np.all(np.asarray(h) >= 0) and np.all(np.asarray(h) <= np.log(nc) + 1e-6)  # AC1
+    np.testing.assert_allclose(np.asarray(p_bar).sum(-1), 1.0, atol=1e-5)
+    # AC4: the entropy of the average is at least the average entropy of the samples.
+    p_t = np_softmax(logits.astype(np.float64))
+    assert np.all(np.asarray(h) + 1e-4 >= (-(p_t * np.log(p_t)).sum(-1)).mean(0))
+
+
+def test_entropy_extremes():
+    one_hot = jnp.asarray([[[50.0, -50.0, -50.0]]])
+    uniform = jnp.zeros((1, 1, 3))
+    assert float(uncertainty.predictive_entropy(one_hot)[1][0]) == pytest.approx(0.0, abs=1e-6)
+    assert float(uncertainty.predictive_entropy(uniform)[1][0]) == pytest.approx(np.log(3))
+
+
+@functools.lru_cache
+def resnet(dropout: float):
+    model = make_model("resnet9", (8, 8, 1), 4, width=0.0625, dropout=dropout)
+    return model, model.init(jax.random.PRNGKey(0))
+
+
+def test_deterministic_limit_ac2():
+    model, v = resnet(0.0)
+    x = jax.random.randint(jax.random.PRNGKey(1), (5, 8, 8, 1), 0, 255).astype(jnp.uint8)
+    p_bar, h = uncertainty.mc_predict(model, v, x, jax.random.PRNGKey(2), 4)
+    logits, _ = model.apply(v, x)
+    np.testing.assert_allclose(p_bar, jax.nn.softmax(logits), atol=1e-5)
+    again = uncertainty.mc_predict(model, v, x, jax.random.PRNGKey(2), 4)
+    np.testing.assert_array_equal(p_bar, again[0])
+
+
+def test_prefix_suffix_equals_whole_network_ac3():
+    model, v = resnet(0.5)
+    x = jax.random.randint(jax.random.PRNGKey(1), (6, 8, 8, 1), 0, 255).astype(jnp.uint8)
+    keys = jax.random.split(jax.random.PRNGKey(3), 5)
+    split = uncertainty.mc_logits(model, v, x, keys)
+    whole = jax.vmap(lambda k: model.apply(v, x, mc=True, rng=k)[0])(keys)
+    np.testing.assert_allclose(split, whole, atol=1e-5)
+    assert float(jnp.abs(split[0] - split[1]).max()) > 1e-4  # dropout is on
+
+
+def np_corr(ent_u, mask_u, p_s, y_s, mask_s, mu, nc, form):
+    n_u, n_s = mask_u.sum(), mask_s.sum()
+    h_bar = ent_u[mask_u].mean() / np.log(nc) if n_u else 0.0
+    acc = (p_s.argmax(-1)[mask_s] == y_s[mask_s]).mean() if n_s else 0.0
+    if form == "reciprocal":
+        u = (1 - mu) / max(h_bar, 1e-6)
+    else:
+        u = (1 - mu) * (1 - h_bar)
+    return (u if n_u else 0.0) + (mu * acc if n_s else 0.0), h_bar, acc
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(0, 6),
+    st.integers(0, 6),
+    st.floats(0, 1),
+    st.sampled_from(["reciprocal", "complement"]),
+    st.integers(0, 10**6),
+)
+def test_relation_metric_matches_numpy_ac5(n_u, n_s, mu, form, seed):
+    rng = np.random.default_rng(seed)
+    nc, pad = 4, 3
+    ent_u = rng.uniform(0, np.log(nc), size=n_u + pad).astype(np.float32)
+    mask_u = np.arange(n_u + pad) < n_u
+    p_s = np_softmax(rng.normal(size=(n_s + pad, nc))).astype(np.float32)
+    y_s = rng.integers(0, nc, size=n_s + pad)
+    mask_s = np.arange(n_s + pad) < n_s
+    got = uncertainty.relation_metric(
+        jnp.asarray(ent_u), mask_u, jnp.asarray(p_s), y_s, mask_s, mu, nc, form
+    )
+    corr, h_bar, acc = np_corr(ent_u, mask_u, p_s, y_s, mask_s, mu, nc, form)
+    assert float(got["corr"]) == pytest.approx(corr, rel=1e-4, abs=1e-5)
+    assert 0 <= float(got["h_bar"]) <= 1 + 1e-6
+    if n_u and mu < 1 and form == "reciprocal":
+        assert float(got["corr"]) > 0
+    # Padding does not change Corr: different padding values give the same result.
+    ent_u2 = np.where(mask_u, ent_u, 123.0).astype(np.float32)
+    again = uncertainty.relation_metric(
+        jnp.asarray(ent_u2), mask_u, jnp.asarray(p_s), y_s, mask_s, mu, nc, form
+    )
+    assert float(again["corr"]) == pytest.approx(float(got["corr"]))
+
+
+def test_relation_metric_limits_ac5():
+    ent = jnp.asarray([0.2, 0.4])
+    p_s = jnp.asarray([[0.9, 0.1], [0.2, 0.8]])
+    m = jnp.ones(2, bool)
+    at0 = uncertainty.relation_metric(ent, m, p_s, jnp.asarray([0, 1]), m, 0.0, 2)
+    assert float(at0["corr"]) == pytest.approx(1 / (0.3 / np.log(2)), rel=1e-5)
+    at1 = uncertainty.relation_metric(ent, m, p_s, jnp.asarray([0, 0]), m, 1.0, 2)
+    assert float(at1["corr"]) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="algorithm.corr_form"):
+        uncertainty.relation_metric(ent, m, p_s, jnp.asarray([0, 0]), m, 1.0, 2, form="x")
+
+
+def test_pair_stats_pads_with_inf_and_zero():
+    model, v = resnet(0.5)
+    x = jax.random.randint(jax.random.PRNGKey(1), (10, 8, 8, 1), 0, 255).astype(jnp.uint8)
+    y = jnp.arange(10) % 4
+    out = uncertainty.pair_stats(
+        model,
+        v,
+        x,
+        y,
+        jnp.arange(6),
+        jnp.int32(4),
+        jnp.arange(6, 10),
+        jnp.int32(3),
+        jnp.float32(0.4),
+        jax.random.PRNGKey(5),
+        3,
+    )
+    assert np.isinf(np.asarray(out["ent_u"])[4:]).all()
+    assert np.isfinite(np.asarray(out["ent_u"])[:4]).all()
+    np.testing.assert_array_equal(np.asarray(out["p_bar_u"])[4:], 0.0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 5), st.integers(0, 10**6))
+def test_aggregation_ac6(s, m, seed):
+    rng = np.random.default_rng(seed)
+    corr = rng.uniform(0, 3, size=(s, m)).astype(np.float32)
+    valid = rng.uniform(size=(s, m)) < 0.7
+    valid[:, 0] = True  # self is always valid
+    w = np.asarray(uncertainty.aggregation_weights(jnp.asarray(corr), jnp.asarray(valid)))
+    assert (w >= 0).all() and np.allclose(w.sum(-1), 1, atol=1e-6)
+    assert (w[~valid] == 0).all()
+    ref = np.where(valid, corr, 0) / np.where(valid, corr, 0).sum(-1, keepdims=True)
+    np.testing.assert_allclose(w, ref, rtol=1e-5)
+    helpers = {"k": rng.normal(size=(s, m, 3)).astype(np.float32)}
+    avg = uncertainty.personalized_average(jnp.asarray(w), helpers)["k"]
+    np.testing.assert_allclose(avg, np.einsum("sm,smd->sd", w, helpers["k"]), atol=1e-5)
+    perm = rng.permutation(m)  # permuting helper slots leaves the result unchanged
+    avg_p = uncertainty.personalized_average(jnp.asarray(w[:, perm]), {"k": helpers["k"][:, perm]})
+    np.testing.assert_allclose(avg_p["k"], avg, atol=1e-5)
+    same = {"k": np.repeat(helpers["k"][:, :1], m, axis=1)}  # identical models -> that model
+    np.testing.assert_allclose(
+        uncertainty.personalized_average(jnp.asarray(w), same)["k"], same["k"][:, 0], atol=1e-5
+    )
+
+
+def test_degenerate_weights_are_uniform():
+    w = uncertainty.aggregation_weights(jnp.zeros((1, 3)), jnp.asarray([[True, True, False]]))
+    np.testing.assert_allclose(w, [[0.5, 0.5, 0.0]])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 6), st.integers(0, 10**6))
+def test_pseudo_labels_ac7(s, m, nu, seed):
+    rng = np.random.default_rng(seed)
+    nc = 3
+    p_bar = np_softmax(rng.normal(size=(s, m, nu, nc))).astype(np.float32)
+    ent = rng.uniform(0, 1, size=(s, m, nu)).astype(np.float32)
+    ent[:, -1] = ent[:, 0]  # the last helper ties with self: ties must go to the lower slot
+    valid = rng.uniform(size=(s, m)) < 0.6
+    valid[:, 0] = True
+    y_hat, chosen = uncertainty.helper_pseudo_labels(jnp.asarray(p_bar), jnp.asarray(ent), valid)
+    y_hat, chosen = np.asarray(y_hat), np.asarray(chosen)
+    for a in range(s):
+        for i in range(nu):
+            masked = np.where(valid[a], ent[a, :, i], np.inf)
+            assert chosen[a, i] == int(np.argmin(masked))  # first minimum, valid only
+            np.testing.assert_allclose(y_hat[a, i], p_bar[a, chosen[a, i], i])
+    np.testing.assert_allclose(y_hat.sum(-1), 1, atol=1e-5)
+    hard, _ = uncertainty.helper_pseudo_labels(jnp.asarray(p_bar), jnp.asarray(ent), valid, True)
+    assert set(np.unique(np.asarray(hard)).tolist()) <= {0.0, 1.0}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(0, 10**6))
+def test_merge_best_equals_greedy_swap_ac10(r, seed):
+    rng = np.random.default_rng(seed)
+    inc_corr = rng.integers(0, 4, size=(1, r)).astype(np.float32)  # small ints: many ties
+    cand_corr = rng.integers(0, 4, size=(1, r)).astype(np.float32)
+    inc_ids, cand_ids = np.arange(r)[None], 100 + np.arange(r)[None]
+    ids, corr, new = selection.merge_best(inc_ids, inc_corr, cand_ids, cand_corr)
+    # Alg. 2: swap the best remaining candidate for the worst incumbent while strictly better
+    # (among tied incumbents the later slot goes, as top_k keeps lower indices first).
+    order = lambda p: (p[0], -p[1])
+    pool = sorted(zip(inc_corr[0], inc_ids[0], strict=True), key=order)
+    for c, cid in sorted(zip(cand_corr[0], cand_ids[0], strict=True), key=order, reverse=True):
+        if c > pool[0][0]:
+            pool[0] = (c, cid)
+            pool.sort(key=order)
+    assert sorted(np.asarray(corr[0]).tolist()) == sorted(p[0] for p in pool)
+    assert sorted(np.asarray(ids[0]).tolist()) == sorted(int(p[1]) for p in pool)
+    # The sorted Corr of the slots never decreases element by element.
+    assert (np.sort(np.asarray(corr[0])) >= np.sort(inc_corr[0])).all()
+    assert (np.asarray(ids[0])[np.asarray(new[0])] >= 100).all()
+
+
+def test_sample_excluding_never_returns_excluded():
+    excluded = np.zeros((3, 10), bool)
+    excluded[0, :7] = True
+    excluded[1, ::2] = True
+    ids = np.asarray(selection.sample_excluding(jax.random.PRNGKey(0), excluded, 3))
+    for row, ex in zip(ids, excluded, strict=True):
+        assert len(set(row.tolist())) == 3 and not ex[row].any()
+    counts = np.zeros(10)
+    for s in range(300):
+        counts[np.asarray(selection.sample_excluding(jax.random.PRNGKey(s), excluded[1:2], 2))] += 1
+    assert counts[::2].sum() == 0 and counts[1::2].min() > 80  # uniform: 120 expected each
+
+
+def test_lowest_mask():
+    m = selection.lowest_mask(jnp.asarray([[3.0, 1.0, 2.0, 1.0]]), 2)
+    np.testing.assert_array_equal(m, [[False, True, False, True]])
