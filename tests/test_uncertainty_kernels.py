@@ -74,10 +74,7 @@ def np_corr(ent_u, mask_u, p_s, y_s, mask_s, mu, nc, form):
     n_u, n_s = mask_u.sum(), mask_s.sum()
     h_bar = ent_u[mask_u].mean() / np.log(nc) if n_u else 0.0
     acc = (p_s.argmax(-1)[mask_s] == y_s[mask_s]).mean() if n_s else 0.0
-    if form == "reciprocal":
-        u = (1 - mu) / max(h_bar, 1e-6)
-    else:
-        u = (1 - mu) * (1 - h_bar)
+    u = (1 - mu) / max(h_bar, 1e-6) if form == "reciprocal" else (1 - mu) * (1 - h_bar)
     return (u if n_u else 0.0) + (mu * acc if n_s else 0.0), h_bar, acc
 
 
