@@ -47,7 +47,7 @@ def main() -> None:
                 runner = exp.runner(backend="reference")
             else:
                 runner = exp.runner(backend="jit", chunk=chunk if chunk == "all" else int(chunk))
-            first, times, _ = time_rounds(runner, exp.alg.init(exp.fed), args.repeats)
+            first, times, _ = time_rounds(runner, runner.init(), args.repeats)
             t = float(np.median(times))
             client_steps = args.clients * args.steps
             emit(

@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent(
                              f"hardware.devices={{devices}}")
         exp = experiment.build(cfg)
         runner = exp.runner()
-        state = exp.alg.init(exp.fed)
+        state = runner.init()
         for _ in range(2):
             state, m = runner.round(state)
         ev = runner.evaluate(state)

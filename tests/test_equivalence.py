@@ -19,7 +19,7 @@ EXTRA = {
 
 
 def run_rounds(exp, runner, rounds: int) -> list[dict]:
-    state, out = exp.alg.init(exp.fed), []
+    state, out = runner.init(), []
     for _ in range(rounds):
         state, m = runner.round(state)
         ev = runner.evaluate(state)

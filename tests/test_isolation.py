@@ -20,7 +20,7 @@ EXTRA = {
 
 def train_state(exp, fed, rounds=3):
     runner = Runner(exp.alg, fed, chunk=4)
-    state = exp.alg.init(fed)
+    state = runner.init()
     for _ in range(rounds):
         state, _ = runner.round(state)
     return state

@@ -45,6 +45,18 @@ class AlgorithmConfig:
     pl_weight: float = 1.0
     unlabeled_batch_ratio: int = 1  # unlabeled batch = ratio * batch_size
     pl_warmup_rounds: int = 0  # rounds of labeled-only training before pseudo-labels are used
+    # UM-pFSSL (spec uncertainty_pfssl.md, section 3.1; defaults are the spec's).
+    helper_list_size: int = 5  # M, self included
+    num_replace: int = 2  # R
+    search_rounds: int = 20  # F: helper search in rounds t <= F
+    refresh_period: int = 10  # nu: refresh kept helpers when t % nu == 0
+    mc_samples: int = 10  # T_mc
+    corr_form: str = "inverse"  # inverse (Eq. 13 literal) | complement
+    pseudo_label: str = "soft"  # soft | hard
+    self_pl_model: str = "pre_aggregation"  # pre_aggregation | post_aggregation
+    refresh_lowest_r: bool = False  # literal Alg. 2: the R lowest slots are not refreshed
+    helper_cache: str = "exact"  # exact (stale local copies) | fresh (always the latest upload)
+    warmup_epochs: int = 5  # E_warm: labeled-only local epochs of every client before round 1
 
 
 @dataclass
@@ -58,15 +70,48 @@ class DatasetConfig:
 
 @dataclass
 class PartitionConfig:
-    scheme: str = "dirichlet"  # iid | dirichlet | shards
+    # iid | dirichlet | shards | subset | normal (DoFed-SPP) | cofed | cfsl | ada (Ada-FedSemi)
+    scheme: str = "dirichlet"
     alpha: float = 0.5
     classes_per_client: int = 2
+    # Per-client labeled share; ada: share of the train split forming the clients' labeled pool.
     labeled_fraction: float = 0.1
     labeled_mode: str = "fixed"  # fixed | dirichlet (per-client ratio ~ Dir_2(label_ratio_alpha))
     label_ratio_alpha: float = 0.5
-    split: str = "official"  # official | pooled (70/10/20 of train+test)
-    val_fraction: float = 0.0
+    split: str = "official"  # official | pooled (70/10/20 of train+test; cfsl: per-worker split)
+    val_fraction: float = 0.0  # ada: share of the test split forming server_val
     min_client_size: int = 10
+    # --- DoFed-SPP (dofed_spp.md §3.4; scheme subset | normal)
+    n_clusters: int = 5  # SUBSET class clusters Kc [rec]; fixed_total's unit is Q // Kc classes
+    assignment: str = "balanced"  # SUBSET (train, target) cluster pairs: balanced | random [rec]
+    train_per_class: int = 500  # training samples per class of the train set [rec]
+    target_per_class: int = 200  # target samples per target class, 10 labeled + 190 [rec]
+    target_labeled_fraction: float = 0.05  # labeled share of the target set (10:190) [paper]
+    test_per_class: int = 100  # target-distribution test samples per target class (§6 A5)
+    normal_min_classes: int = 2  # NORMAL: k_tr, k_tg ~ U{min..max}, capped at Q [paper]
+    normal_max_classes: int = 10
+    normal_reject: str = "identical"  # NORMAL redraw: identical | subset (also target ⊆ train)
+    normal_size_mode: str = "per_class"  # NORMAL sizes: per_class | fixed_total [rec]
+    overlap: str = "allow"  # samples shared across clients: allow (spec, only when short) | none
+    # --- CoFED (cofed.md §3.3; scheme cofed)
+    cofed_variant: str = "iid"  # iid | noniid (1..cofed_max_subclasses subclasses per task)
+    cofed_min_classes: int = 6  # tasks (superclasses) per participant ~ U{min..max} [rec]
+    cofed_max_classes: int = 8
+    samples_per_class: int = 50  # private training samples per owned task [paper]
+    cofed_max_subclasses: int = 2  # non-IID: subclasses per (participant, task) ~ U{1..max}
+    public_fraction: float = 0.2  # held-out share of the train split = server public set [rec]
+    # --- CFSL (cfsl.md §3.1-3.2; scheme cfsl)
+    num_edges: int = 3  # edge servers J; balanced random worker association [paper/rec]
+    cfsl_clusters: int = 2  # latent worker groups (cluster structure to recover)
+    # Per-group transform: label_permutation (group 0 identity, others derangements) | rotation
+    # (group g: (4 g) // cfsl_clusters quarter turns) | none (the paper's own setup).
+    cfsl_transform: str = "label_permutation"
+    cfsl_base: str = "shards"  # worker data: shards (classes_per_client) | iid | dirichlet
+    local_test_fraction: float = 0.2  # split=pooled: per-worker local test share (80/20)
+    # --- Ada-FedSemi (ada_fedsemi.md §4.2; scheme ada)
+    ada_variant: str = "noniid"  # iid | noniid (non-IID-zeta, dominant class m mod Q)
+    ada_zeta: float = 0.5  # dominant-class share per client [paper: 0.5 / 0.6 / 0.75]
+    server_unlabeled_size: int = 0  # random subset size of the server pool (0 = all the rest)
     file: str | None = None  # load a saved partition (.npz) instead of drawing one
 
 
@@ -184,6 +229,30 @@ def parse_chunk(key: str, value: Any) -> int | str:
     return n
 
 
+def check_partition(p: PartitionConfig) -> None:
+    """The `partition.*` checks of `validate` (those that need no dataset)."""
+    from fedjax_semi.data.partition import PAPER_DEFAULTS, SCHEMES, check_knobs
+
+    if p.scheme not in SCHEMES:
+        raise bad("partition.scheme", p.scheme, f"one of {list(SCHEMES)}")
+    if not p.alpha > 0:
+        raise bad("partition.alpha", p.alpha, "a number > 0")
+    if not 0 < p.labeled_fraction <= 1:
+        raise bad("partition.labeled_fraction", p.labeled_fraction, "a number in (0, 1]")
+    if p.labeled_mode not in ("fixed", "dirichlet"):
+        raise bad("partition.labeled_mode", p.labeled_mode, "one of ['fixed', 'dirichlet']")
+    if not p.label_ratio_alpha > 0:
+        raise bad("partition.label_ratio_alpha", p.label_ratio_alpha, "a number > 0")
+    if p.split not in ("official", "pooled"):
+        raise bad("partition.split", p.split, "one of ['official', 'pooled']")
+    if not 0 <= p.val_fraction < 1:
+        raise bad("partition.val_fraction", p.val_fraction, "a number in [0, 1)")
+    try:
+        check_knobs(p.scheme, {k: getattr(p, k) for k in PAPER_DEFAULTS})
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def validate(cfg: Config) -> None:
     """Check every value a run needs before any data is loaded."""
     from fedjax_semi.algorithms import algorithm_names
@@ -210,20 +279,7 @@ def validate(cfg: Config) -> None:
     for key in ("eval_every", "checkpoint_every"):
         if getattr(cfg, key) < 1:
             raise bad(key, getattr(cfg, key), "an integer >= 1")
-    if p.scheme not in ("iid", "dirichlet", "shards"):
-        raise bad("partition.scheme", p.scheme, "one of ['iid', 'dirichlet', 'shards']")
-    if not p.alpha > 0:
-        raise bad("partition.alpha", p.alpha, "a number > 0")
-    if not 0 < p.labeled_fraction <= 1:
-        raise bad("partition.labeled_fraction", p.labeled_fraction, "a number in (0, 1]")
-    if p.labeled_mode not in ("fixed", "dirichlet"):
-        raise bad("partition.labeled_mode", p.labeled_mode, "one of ['fixed', 'dirichlet']")
-    if not p.label_ratio_alpha > 0:
-        raise bad("partition.label_ratio_alpha", p.label_ratio_alpha, "a number > 0")
-    if p.split not in ("official", "pooled"):
-        raise bad("partition.split", p.split, "one of ['official', 'pooled']")
-    if not 0 <= p.val_fraction < 1:
-        raise bad("partition.val_fraction", p.val_fraction, "a number in [0, 1)")
+    check_partition(p)
     if a.local_epochs < 0 or a.local_steps < 0 or (a.local_epochs == 0 and a.local_steps == 0):
         raise bad(
             "algorithm.local_epochs",

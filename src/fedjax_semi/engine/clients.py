@@ -19,6 +19,8 @@ PyTree = Any
 
 # Purposes of per-client random streams. A client's key never depends on its position in a chunk.
 INIT, SELECT, SAMPLE, DROPOUT, AUGMENT, PSEUDO = range(6)
+# UM-pFSSL's helper protocol.
+WARMUP, FILL, CANDIDATE, MC_REPLACE, MC_CANDIDATE, MC_REFRESH, MC_STATS = range(6, 13)
 
 
 def client_key(seed_key: jax.Array, purpose: int, rnd: jax.Array, client: jax.Array) -> jax.Array:

@@ -1,12 +1,11 @@
 """The round loop: one compiled round per iteration, metrics, checkpoints, stop rules.
 
-state = alg.init(fed)                               (or the latest checkpoint, resume=true)
+state = runner.init()               (warm-up included), or the latest checkpoint (resume=true)
 for r in rounds:
-    state, m = round(state)                         ONE jitted program (or the reference loop)
+    state, m = runner.round(state)  ONE jitted program (or the reference loop)
     NaN guard; evaluate every eval_every rounds
     metrics.jsonl += m; checkpoint every checkpoint_every rounds; early stopping
-summary.json, plots/accuracy.png
-"""
+summary.json, plots/accuracy.png"""
 
 from __future__ import annotations
 
@@ -37,7 +36,12 @@ class NaNError(RuntimeError):
 
 
 class Runner:
-    """Compiles one round and one evaluation, for the jit backend or the reference loop."""
+    """Compiles one round and one evaluation, for the jit backend or the reference loop.
+
+    Optional algorithm hooks: `warmup(state, data, mapper)` runs once before round 1;
+    `round_flags(rnd)` gives hashable per-round switches (compiled as static arguments) and
+    `client_update_for(flags)` the client function for them.
+    """
 
     def __init__(
         self,
@@ -50,33 +54,43 @@ class Runner:
     ) -> None:
         self.alg, self.fed, self.backend = alg, fed, backend
         self.data = fed.train_view(oracle=alg.oracle)
+        self._flags = getattr(alg, "round_flags", lambda rnd: ())
+        update_for = getattr(alg, "client_update_for", lambda flags: alg.client_update)
+        warmup = getattr(alg, "warmup", None)
         if backend == "jit":
             cmap = functools.partial(map_clients, chunk=chunk)
             emap = functools.partial(map_clients, chunk=eval_chunk)
             place = client_sharding(devices) if devices > 1 else (lambda tree: tree)
 
-            def round_fn(state, data):
+            def round_fn(state, data, flags):
                 cohort, inputs, shared = alg.prepare(state, data)
-                outputs = place(cmap(alg.client_update, place(inputs), shared))
+                outputs = place(cmap(update_for(flags), place(inputs), shared))
                 return alg.finish(state, cohort, outputs)
 
-            self._round = jax.jit(round_fn)
+            self._round = jax.jit(round_fn, static_argnums=2)
             self._eval = jax.jit(lambda s, f: alg.evaluate(s, f, emap))
+            self._warmup = warmup and jax.jit(lambda s, d: warmup(s, d, cmap))
         elif backend == "reference":
             loop = LoopMapper()
             prepare, finish = jax.jit(alg.prepare), jax.jit(alg.finish)
 
-            def round_fn(state, data):
+            def round_fn(state, data, flags):
                 cohort, inputs, shared = prepare(state, data)
-                return finish(state, cohort, loop(alg.client_update, inputs, shared))
+                return finish(state, cohort, loop(update_for(flags), inputs, shared))
 
             self._round = round_fn
             self._eval = lambda s, f: alg.evaluate(s, f, loop)
+            self._warmup = warmup and (lambda s, d: warmup(s, d, loop))
         else:
             raise ValueError(f"hardware.backend={backend!r} is not allowed: 'jit' or 'reference'")
 
+    def init(self) -> FLState:
+        """The initial state, after the algorithm's warm-up when it has one."""
+        state = self.alg.init(self.fed)
+        return self._warmup(state, self.data) if self._warmup else state
+
     def round(self, state: FLState) -> tuple[FLState, dict]:
-        return self._round(state, self.data)
+        return self._round(state, self.data, self._flags(int(state.round) + 1))
 
     def evaluate(self, state: FLState) -> dict:
         return self._eval(state, self.fed)
@@ -148,7 +162,7 @@ def simulate(
     stop = stop or StopConfig()
     log = MetricsLog(out_dir / "metrics.jsonl")
     ckpt = Checkpointer(out_dir / "checkpoints")
-    state = alg.init(fed)
+    state = runner.init() if not (resume and ckpt.latest() is not None) else alg.init(fed)
     start, rows = 0, []
     if resume and ckpt.latest() is not None:
         start = int(ckpt.latest())

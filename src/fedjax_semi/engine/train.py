@@ -197,8 +197,12 @@ def local_train(
     utable: RoleTable | None = None,
     unlabeled_batch: int = 0,
     pl_on: jax.Array | bool = True,
+    extras: dict | None = None,
 ) -> tuple[PyTree, PyTree, dict]:
     """Train one client. `table` is this client's row of the primary role (idx [n_max], count []).
+
+    `extras` are per-position arrays of the table row ([n_max, ...], e.g. soft targets), gathered
+    into each batch under their own names.
 
     Returns (variables, opt_state, stats) with stats: loss (mean over active steps), steps
     (number of active steps), pl_rate (mean share of confident pseudo-labels).
@@ -219,6 +223,7 @@ def local_train(
         params, mstate, opt = carry
         ids = table.idx[s["pos"]]
         batch = {"x": data_x[ids], "y": data_y[ids], "valid": s["valid"]}
+        batch.update({k: v[s["pos"]] for k, v in (extras or {}).items()})
         if "upos" in s:
             batch.update(ux=data_x[utable.idx[s["upos"]]], uvalid=s["uvalid"])
         rng = jax.random.fold_in(key_dropout, s["step"])

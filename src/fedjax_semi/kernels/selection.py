@@ -29,7 +29,8 @@ def merge_best(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Keep the best R of R incumbents and R candidates (incumbents win ties).
 
-    inc_* [S, R], cand_* [S, R] -> (ids [S, R], corr [S, R], from_candidates bool [S, R]).
+    inc_* [S, R], cand_* [S, R] -> (ids [S, R], corr [S, R], pos [S, R]) where pos indexes
+    concat(incumbents, candidates): pos >= R marks a candidate that got in.
     Equivalent to Alg. 2's greedy swap: sort candidates descending and incumbents ascending and
     swap while the candidate's Corr is strictly greater.
     """
@@ -38,4 +39,4 @@ def merge_best(
     corr = jnp.concatenate([inc_corr, cand_corr], axis=-1)
     # top_k puts equal values at the lower index first: incumbents come first, so they win ties.
     best_corr, pos = jax.lax.top_k(corr, r)
-    return jnp.take_along_axis(ids, pos, -1), best_corr, pos >= r
+    return jnp.take_along_axis(ids, pos, -1), best_corr, pos

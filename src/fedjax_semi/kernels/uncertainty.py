@@ -76,27 +76,27 @@ def relation_metric(
     mask_s: jax.Array,
     mu: jax.Array,
     num_classes: int,
-    form: str = "reciprocal",
+    form: str = "inverse",
 ) -> dict:
     """Corr(k|j) of helper j for client k (Eqs. 12-14), from j's MC statistics on k's data.
 
     ent_u [Nu], mask_u [Nu]: j's entropy on k's unlabeled data.
     p_bar_s [Ns, NC], y_s [Ns], mask_s [Ns]: j's MC mean on k's labeled data.
-    mu: k's labeled ratio. form: "reciprocal" (the paper's Eq. 13, literal) or "complement"
-    ((1 - mu)(1 - H) + mu Acc, for ablation).
+    mu: k's labeled ratio. form: "inverse" ((1 - mu) / H + mu Acc, the paper's Eq. 13
+    literally) or "complement" ((1 - mu)(1 - H) + mu Acc, for ablation).
     Returns corr, h_bar (normalized mean entropy in [0, 1]) and acc.
     """
     n_u, n_s = jnp.sum(mask_u), jnp.sum(mask_s)
     h_bar = jnp.sum(jnp.where(mask_u, ent_u, 0.0)) / jnp.maximum(n_u, 1) / jnp.log(num_classes)
     correct = (jnp.argmax(p_bar_s, -1) == y_s) & mask_s
     acc = jnp.sum(correct) / jnp.maximum(n_s, 1)
-    if form == "reciprocal":
+    if form == "inverse":
         unl_term = (1.0 - mu) / jnp.maximum(h_bar, EPS_H)
     elif form == "complement":
         unl_term = (1.0 - mu) * (1.0 - h_bar)
     else:
         raise ValueError(
-            f"algorithm.corr_form={form!r} is not allowed: one of ['reciprocal', 'complement']"
+            f"algorithm.corr_form={form!r} is not allowed: one of ['inverse', 'complement']"
         )
     corr = jnp.where(n_u > 0, unl_term, 0.0) + jnp.where(n_s > 0, mu * acc, 0.0)
     return {"corr": corr, "h_bar": h_bar, "acc": acc}
@@ -114,7 +114,7 @@ def pair_stats(
     mu: jax.Array,
     key: jax.Array,
     num_samples: int,
-    form: str = "reciprocal",
+    form: str = "inverse",
 ) -> dict:
     """Helper model `variables` on one client's data (spec 2.3, per pair).
 

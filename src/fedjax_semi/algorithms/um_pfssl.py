@@ -1,0 +1,366 @@
+"""UM-pFSSL: uncertainty-aware personalized federated semi-supervised learning with helper
+agents (spec `uncertainty_pfssl.md`, Alg. 1 and Alg. 2).
+
+    warm-up: every client trains on its labeled data; pool[k] = w_k
+    for t = 1..rounds:
+        S = sample clients
+        for k in S in parallel (they read the pool as it was at the start of the round):
+            a. FILL     first participation: M-1 random helpers
+            b. REPLACE  t <= F: R random candidates against the R worst helpers, keep the best R
+            c. REFRESH  t % nu == 0: re-download kept helpers that uploaded since
+            d. STATS    MC dropout of every helper on k's data -> Corr(k|j), p_bar, entropy
+            e. AGG      w_k = sum_j Corr(k|j) w_j / sum_j Corr(k|j)
+            f. PSEUDO   y_hat_i = p_bar of the least uncertain helper on x_i
+            g. TRAIN    E epochs on mu_k CE(labeled) + (1 - mu_k) KL(y_hat || f_w(x))
+            h. UPLOAD   pool[k] = w_k, pool_ver[k] = t
+
+Every step is array code over the client's M helper slots; the engine maps it over the cohort.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_semi.algorithms.base import FLState, register
+from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check, _client_finite
+from fedjax_semi.config import AlgorithmConfig, bad
+from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
+from fedjax_semi.engine.clients import (
+    CANDIDATE,
+    DROPOUT,
+    FILL,
+    MC_CANDIDATE,
+    MC_REFRESH,
+    MC_REPLACE,
+    MC_STATS,
+    SAMPLE,
+    WARMUP,
+    broadcast,
+    client_key,
+    gather,
+    scatter,
+    select_cohort,
+)
+from fedjax_semi.engine.train import Schedule, kl_divergence, local_train, masked_mean
+from fedjax_semi.kernels.selection import lowest_mask, merge_best, sample_excluding
+from fedjax_semi.kernels.uncertainty import (
+    aggregation_weights,
+    helper_pseudo_labels,
+    pair_stats,
+    personalized_average,
+)
+
+COUNTERS = ("fill_downloads", "replace_downloads", "update_downloads", "uploads", "warmup_uploads")
+
+
+def _where(mask, new, old):
+    """Per-slot select over a [M, ...]-stacked tree: mask [M]."""
+    return jax.tree.map(
+        lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old
+    )
+
+
+def _stack(head, tail):
+    """[P] + [M-1, P] -> [M, P] per leaf."""
+    return jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), head, tail)
+
+
+@dataclasses.dataclass
+class UMPFSSL(FedAvgFamily):
+    name: str = "um_pfssl"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        c = self.cfg
+        self.M, self.R = c.helper_list_size, c.num_replace
+        self._updates: dict = {}
+
+    # ------------------------------------------------------------------ state
+
+    def init(self, fed: FederatedData) -> FLState:
+        state = super().init(fed)  # pool = client_vars: every client starts from w_0
+        k, m = self.num_clients, self.M
+        helper_idx = jnp.full((k, m), -1, jnp.int32).at[:, 0].set(jnp.arange(k))
+        extra = {
+            "helper_idx": helper_idx,
+            "helper_valid": jnp.zeros((k, m), bool).at[:, 0].set(True),
+            "cache": broadcast(broadcast(state.global_vars, m - 1), k),
+            "cache_ver": jnp.zeros((k, m - 1), jnp.int32),
+            "pool_ver": jnp.zeros((k,), jnp.int32),
+            "comm": {c: jnp.zeros((), jnp.int32) for c in COUNTERS},
+        }
+        return state.replace(extra=extra)
+
+    def warmup(self, state: FLState, data: TrainView, mapper) -> FLState:
+        """Alg. 1 l.3-4: every client trains on its labeled data only, then uploads."""
+        inputs = {"id": jnp.arange(self.num_clients), "table": data.roles["labeled"]}
+        shared = {"pool": state.client_vars, "x": data.x, "y": data.y}
+        pool = mapper(self.warmup_client, inputs, shared)
+        comm = dict(state.extra["comm"], warmup_uploads=jnp.int32(self.num_clients))
+        return state.replace(client_vars=pool, extra=dict(state.extra, comm=comm))
+
+    def warmup_client(self, inp, shared):
+        k = inp["id"]
+        variables = jax.tree.map(lambda a: a[k], shared["pool"])
+        new, _, _ = local_train(
+            self.objective,
+            self.tx,
+            variables,
+            self.tx.init(variables["params"]),
+            shared["x"],
+            shared["y"],
+            inp["table"],
+            Schedule(self.cfg.batch_size, self.cfg.warmup_epochs, 0),
+            client_key(self.seed_key, WARMUP, 0, k),
+            client_key(self.seed_key, DROPOUT, 0, k),
+        )
+        return new
+
+    # ------------------------------------------------------------------ one round
+
+    def round_flags(self, t: int) -> tuple[bool, bool]:
+        """(replace active: t <= F, refresh active: t % nu == 0), compiled as static switches."""
+        return t <= self.cfg.search_rounds, t % self.cfg.refresh_period == 0
+
+    def client_update_for(self, flags: tuple[bool, bool]):
+        if flags not in self._updates:
+            replace, refresh = flags
+            self._updates[flags] = functools.partial(
+                self.client_round, replace=replace, refresh=refresh
+            )
+        return self._updates[flags]
+
+    def client_update(self, inp, shared):
+        return self.client_update_for((False, False))(inp, shared)
+
+    def prepare(self, state: FLState, data: TrainView):
+        cohort = select_cohort(self.seed_key, state.round, self.num_clients, self.clients_per_round)
+        ex = state.extra
+        inputs = {
+            "id": cohort,
+            "lab": data.roles["labeled"].take(cohort),
+            "unl": data.roles["unlabeled"].take(cohort),
+            "own": gather(state.client_vars, cohort),
+            "hidx": ex["helper_idx"][cohort],
+            "hval": ex["helper_valid"][cohort],
+            "cache": gather(ex["cache"], cohort),
+            "cver": ex["cache_ver"][cohort],
+        }
+        shared = {
+            "pool": state.client_vars,
+            "pool_ver": ex["pool_ver"],
+            "x": data.x,
+            "y": data.y,
+            "round": state.round + 1,
+        }
+        return cohort, inputs, shared
+
+    def helper_stats(self, models, ids, purpose, inp, shared, mu):
+        """pair_stats of G models [G, P] (ids [G]) on this client's data, vmapped over G."""
+        c, k, t = self.cfg, inp["id"], shared["round"]
+        base = client_key(self.seed_key, purpose, t, k)
+        keys = jax.vmap(lambda j: jax.random.fold_in(base, j))(ids)
+        lab, unl = inp["lab"], inp["unl"]
+
+        def one(v, key):
+            return pair_stats(
+                self.model, v, shared["x"], shared["y"], unl.idx, unl.count, lab.idx, lab.count,
+                mu, key, c.mc_samples, c.corr_form,
+            )  # fmt: skip
+
+        return jax.vmap(one)(models, keys)
+
+    def client_round(self, inp, shared, *, replace: bool, refresh: bool):
+        c, M, R = self.cfg, self.M, self.R
+        k, t = inp["id"], shared["round"]
+        pool, pool_ver = shared["pool"], shared["pool_ver"]
+        lab, unl = inp["lab"], inp["unl"]
+        n_s, n_u = lab.count, unl.count
+        mu = n_s / jnp.maximum(n_s + n_u, 1)
+        own, hidx, hval, cache, cver = (inp[n] for n in ("own", "hidx", "hval", "cache", "cver"))
+
+        # a. FILL: the first participation draws M-1 distinct helpers other than k.
+        missing = ~hval[1:]
+        taken = jnp.zeros(self.num_clients, bool).at[jnp.where(hval, hidx, k)].set(True)
+        drawn = sample_excluding(client_key(self.seed_key, FILL, t, k), taken[None], M - 1)[0]
+        tail = jnp.where(missing, drawn, hidx[1:])
+        cache = _where(missing, gather(pool, tail), cache)
+        cver = jnp.where(missing, pool_ver[tail], cver)
+        n_fill = jnp.sum(missing)
+        hidx, hval = jnp.concatenate([k[None], tail]), jnp.ones(M, bool)
+        if c.helper_cache == "fresh":
+            cache, cver = gather(pool, tail), pool_ver[tail]
+
+        corr = None
+        # b. REPLACE (t <= F): R random candidates against the R worst non-self helpers.
+        if replace:
+            inc = self.helper_stats(_stack(own, cache), hidx, MC_REPLACE, inp, shared, mu)["corr"]
+            worst = jnp.argsort(inc[1:], stable=True)[:R]  # slots 1..M-1 -> positions in tail
+            taken = jnp.zeros(self.num_clients, bool).at[hidx].set(True)
+            cand = sample_excluding(client_key(self.seed_key, CANDIDATE, t, k), taken[None], R)[0]
+            cand_models = gather(pool, cand)
+            cand_corr = self.helper_stats(cand_models, cand, MC_CANDIDATE, inp, shared, mu)["corr"]
+            ids, best, pos = merge_best(
+                hidx[1:][worst][None], inc[1:][worst][None], cand[None], cand_corr[None]
+            )
+            ids, best, pos = ids[0], best[0], pos[0]
+            pick = lambda a, b: jnp.concatenate([a, b])[pos]
+            survivors = jax.tree.map(pick, gather(cache, worst), cand_models)
+            cache = jax.tree.map(lambda a, s: a.at[worst].set(s), cache, survivors)
+            cver = cver.at[worst].set(pick(cver[worst], pool_ver[cand]))
+            hidx = hidx.at[1 + worst].set(ids)
+            corr = inc.at[1 + worst].set(best)
+        n_replace = jnp.int32(R if replace else 0)
+
+        # c. REFRESH (t % nu == 0): re-download kept helpers whose upload is newer than our copy.
+        n_update = jnp.int32(0)
+        if refresh and c.helper_cache == "exact":
+            if corr is None:
+                corr = self.helper_stats(_stack(own, cache), hidx, MC_REFRESH, inp, shared, mu)
+                corr = corr["corr"]
+            keep = jnp.ones(M - 1, bool)
+            if not c.refresh_lowest_r:
+                keep = ~lowest_mask(corr[1:][None], R)[0]
+            latest = pool_ver[hidx[1:]]
+            need = keep & (latest > cver)
+            cache = _where(need, gather(pool, hidx[1:]), cache)
+            cver = jnp.where(need, latest, cver)
+            n_update = jnp.sum(need)
+
+        # d. STATS on the final list; e. AGG; f. PSEUDO.
+        helpers = _stack(own, cache)
+        st = self.helper_stats(helpers, hidx, MC_STATS, inp, shared, mu)
+        omega = aggregation_weights(st["corr"][None], hval[None])
+        agg = personalized_average(omega, jax.tree.map(lambda a: a[None], helpers))
+        agg = jax.tree.map(lambda a: a[0], agg)
+        p_bar, ent = st["p_bar_u"], st["ent_u"]
+        if c.self_pl_model == "post_aggregation":
+            own_st = self.helper_stats(
+                jax.tree.map(lambda a: a[None], agg), k[None], MC_STATS + 100, inp, shared, mu
+            )
+            p_bar, ent = p_bar.at[0].set(own_st["p_bar_u"][0]), ent.at[0].set(own_st["ent_u"][0])
+        y_hat, chosen = helper_pseudo_labels(
+            p_bar[None], ent[None], hval[None], c.pseudo_label == "hard"
+        )
+        y_hat, chosen = y_hat[0], chosen[0]
+
+        # g. TRAIN on D_k = labeled then unlabeled, compacted into one table row.
+        ns_max, nu_max = lab.idx.shape[0], unl.idx.shape[0]
+        p = jnp.arange(ns_max + nu_max)
+        is_lab = p < n_s
+        upos = jnp.clip(p - n_s, 0, nu_max - 1)
+        idx = jnp.where(is_lab, lab.idx[jnp.clip(p, 0, ns_max - 1)], unl.idx[upos])
+        one_hot = jax.nn.one_hot(shared["y"][idx], y_hat.shape[-1])
+        target = jnp.where(is_lab[:, None], one_hot, y_hat[upos])
+        weight = jnp.where(is_lab, mu, 1.0 - mu)
+        new_vars, _, stats = local_train(
+            self.um_objective,
+            self.tx,
+            agg,
+            self.tx.init(agg["params"]),  # re-initialized after aggregation (A22)
+            shared["x"],
+            shared["y"],
+            RoleTable(idx, n_s + n_u),
+            self.schedule,
+            client_key(self.seed_key, SAMPLE, t, k),
+            client_key(self.seed_key, DROPOUT, t, k),
+            extras={"target": target, "weight": weight},
+        )
+        unl_mask = jnp.arange(nu_max) < n_u
+        return {
+            "vars": new_vars,
+            "hidx": hidx,
+            "hval": hval,
+            "cache": cache,
+            "cver": cver,
+            "counts": {
+                "fill_downloads": n_fill,
+                "replace_downloads": n_replace,
+                "update_downloads": n_update,
+            },
+            "loss": stats["loss"],
+            "steps": stats["steps"],
+            "pl_from_self": masked_mean((chosen == 0).astype(jnp.float32), unl_mask),
+            "pl_entropy": masked_mean(
+                jnp.where(unl_mask, jnp.min(jnp.where(hval[:, None], ent, jnp.inf), 0), 0.0),
+                unl_mask,
+            ),
+            "corr_mean": jnp.mean(st["corr"]),
+        }
+
+    def um_objective(self, params, model_state, batch, rng, anchor, pl_on):
+        """(mu CE(labeled) + (1 - mu) KL(y_hat || f_w)) summed over the batch / n_valid (2.7).
+        Labeled targets are one-hot, for which KL equals CE."""
+        logits, new_state = self.model.apply(
+            {"params": params, **model_state}, batch["x"], train=True, rng=rng
+        )
+        per = kl_divergence(logits, batch["target"]) * batch["weight"]
+        return masked_mean(per, batch["valid"]), (new_state, {"pl_rate": jnp.zeros(())})
+
+    def finish(self, state: FLState, cohort, out):
+        ex = state.extra
+        t = state.round + 1
+        comm = {n: ex["comm"][n] + jnp.sum(out["counts"][n]) for n in out["counts"]}
+        comm["uploads"] = ex["comm"]["uploads"] + cohort.shape[0]
+        comm["warmup_uploads"] = ex["comm"]["warmup_uploads"]
+        extra = {
+            "helper_idx": ex["helper_idx"].at[cohort].set(out["hidx"]),
+            "helper_valid": ex["helper_valid"].at[cohort].set(out["hval"]),
+            "cache": scatter(ex["cache"], cohort, out["cache"]),
+            "cache_ver": ex["cache_ver"].at[cohort].set(out["cver"]),
+            "pool_ver": ex["pool_ver"].at[cohort].set(t),
+            "comm": comm,
+        }
+        steps = out["steps"].astype(jnp.float32)
+        metrics = {
+            "cohort": cohort,
+            "client_loss": out["loss"],
+            "client_finite": _client_finite(out["vars"]) & jnp.isfinite(out["loss"]),
+            "train_loss": jnp.sum(out["loss"] * steps) / jnp.maximum(jnp.sum(steps), 1.0),
+            "pl_from_self": jnp.mean(out["pl_from_self"]),
+            "pl_entropy": jnp.mean(out["pl_entropy"]),
+            "corr_mean": jnp.mean(out["corr_mean"]),
+            **{f"comm_{n}": v for n, v in comm.items()},
+            "comm_cost": sum(comm[n] for n in COUNTERS[:4]),
+        }
+        new_state = state.replace(
+            round=t, client_vars=scatter(state.client_vars, cohort, out["vars"]), extra=extra
+        )
+        return new_state, metrics
+
+
+@register("um_pfssl")
+def um_pfssl(cfg: AlgorithmConfig, **kw) -> UMPFSSL:
+    _check(cfg, "um_pfssl", shared=(lambda v: v == "none", "'none' (there is no global model)"))
+    alg = UMPFSSL(cfg, **kw)
+    n, m, r = alg.num_clients, cfg.helper_list_size, cfg.num_replace
+    if not 2 <= m <= n:
+        raise bad("algorithm.helper_list_size", m, f"an integer in [2, num_clients={n}]")
+    if not 1 <= r <= m - 1 or m + r > n:
+        raise bad(
+            "algorithm.num_replace",
+            r,
+            f"an integer in [1, helper_list_size - 1 = {m - 1}] with helper_list_size + "
+            f"num_replace <= num_clients={n}",
+        )
+    for key, allowed in [
+        ("corr_form", ("inverse", "complement")),
+        ("pseudo_label", ("soft", "hard")),
+        ("self_pl_model", ("pre_aggregation", "post_aggregation")),
+        ("helper_cache", ("exact", "fresh")),
+    ]:
+        if getattr(cfg, key) not in allowed:
+            raise bad(f"algorithm.{key}", getattr(cfg, key), f"one of {list(allowed)}")
+    if cfg.refresh_period < 1 or cfg.mc_samples < 1 or cfg.search_rounds < 0:
+        raise bad(
+            "algorithm.refresh_period",
+            cfg.refresh_period,
+            "refresh_period >= 1, mc_samples >= 1 and search_rounds >= 0",
+        )
+    if not alg.model.has_dropout:
+        raise bad("model.dropout", 0.0, "a rate in (0, 1) for um_pfssl (MC dropout needs it)")
+    return alg

@@ -1,0 +1,122 @@
+"""UM-pFSSL on a tiny setting (spec section 2.12: K=6, M=3, R=1, F=3, nu=2): the helper-protocol
+invariants (AC9, AC10, AC13, AC14), vectorized == reference loop (AC18), isolation of hidden
+labels, and the warm-up."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from conftest import compose_config
+
+from fedjax_semi import experiment
+from fedjax_semi.config import ConfigError
+
+TINY = [
+    "algorithm=um_pfssl",
+    "num_clients=6",
+    "clients_per_round=3",
+    "algorithm.helper_list_size=3",
+    "algorithm.num_replace=1",
+    "algorithm.search_rounds=3",
+    "algorithm.refresh_period=2",
+    "algorithm.mc_samples=3",
+    "algorithm.local_epochs=1",
+    "algorithm.warmup_epochs=1",
+    "algorithm.batch_size=16",
+    "algorithm.lr=0.05",
+    "model.dropout=0.5",
+    "partition.labeled_mode=dirichlet",
+]
+
+
+def rounds(runner, n):
+    state, rows = runner.init(), []
+    states = [state]
+    for _ in range(n):
+        state, m = runner.round(state)
+        rows.append(jax.device_get(m))
+        states.append(state)
+    return states, rows
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    exp = experiment.build(compose_config(*TINY))
+    states, rows = rounds(exp.runner(chunk=2), 6)
+    return exp, states, rows
+
+
+def test_helper_list_invariants_ac9_ac10_ac13(tiny):
+    exp, states, rows = tiny
+    k, m, r = 6, 3, 1
+    for t in range(1, 7):
+        before, after, row = states[t - 1].extra, states[t].extra, rows[t - 1]
+        hidx = np.asarray(after["helper_idx"])
+        assert (hidx[:, 0] == np.arange(k)).all()  # self in slot 0
+        cohort = set(np.asarray(row["cohort"]).tolist())
+        for c in range(k):
+            valid = np.asarray(after["helper_valid"])[c]
+            ids = hidx[c][valid]
+            assert len(set(ids.tolist())) == len(ids) and ((ids >= 0) & (ids < k)).all()
+            if c in cohort:
+                assert valid.all()  # exactly M valid slots after participating
+            else:  # non-sampled clients keep their list, cache and model
+                np.testing.assert_array_equal(hidx[c], np.asarray(before["helper_idx"])[c])
+                for a, b in zip(
+                    jax.tree.leaves(states[t].client_vars),
+                    jax.tree.leaves(states[t - 1].client_vars),
+                    strict=True,
+                ):
+                    np.testing.assert_array_equal(np.asarray(a)[c], np.asarray(b)[c])
+            if c in cohort and np.asarray(before["helper_valid"])[c].all():
+                changed = (hidx[c, 1:] != np.asarray(before["helper_idx"])[c, 1:]).sum()
+                assert changed <= (r if t <= 3 else 0)  # REPLACE only while t <= F
+        # Downloads happen only when the pool version is newer; afterwards they agree.
+        ver = np.asarray(after["cache_ver"])
+        pool_ver = np.asarray(after["pool_ver"])
+        assert (ver <= pool_ver[np.maximum(hidx[:, 1:], 0)]).all()
+    comm = rows[-1]
+    assert comm["comm_replace_downloads"] == 3 * r * 3  # S * R in each of the F search rounds
+    assert comm["comm_uploads"] == 3 * 6
+    # Eq. 27 bound (fill excluded): replace + update + uploads <= (M n/nu + n + F R) S
+    cost = comm["comm_replace_downloads"] + comm["comm_update_downloads"] + comm["comm_uploads"]
+    assert cost <= (m * 6 / 2 + 6 + 3 * r) * 3
+    assert comm["comm_update_downloads"] <= 3 * (m - 1 - r) * 3  # <= S (M-1-R) per refresh round
+
+
+def test_warmup_trains_every_client(tiny):
+    exp, states, _ = tiny
+    assert int(states[0].extra["comm"]["warmup_uploads"]) == 6
+    w0 = exp.alg.init(exp.fed).client_vars
+    moved = [
+        float(np.abs(np.asarray(a) - np.asarray(b)).reshape(6, -1).max(1).min())
+        for a, b in zip(jax.tree.leaves(states[0].client_vars), jax.tree.leaves(w0), strict=True)
+    ]
+    assert max(moved) > 0
+
+
+def test_vectorized_equals_reference_loop_ac18(tiny):
+    exp, states, rows = tiny
+    ref_states, ref_rows = rounds(exp.runner(backend="reference"), 6)
+    for a, b in zip(jax.tree.leaves(states[-1]), jax.tree.leaves(ref_states[-1]), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
+    for a, b in zip(rows, ref_rows, strict=True):
+        assert a["comm_cost"] == b["comm_cost"]
+        np.testing.assert_allclose(a["train_loss"], b["train_loss"], atol=1e-4)
+
+
+def test_cost_does_not_rise_with_nu():
+    costs = []
+    for nu in (2, 3, 6):
+        exp = experiment.build(compose_config(*TINY, f"algorithm.refresh_period={nu}"))
+        _, rows = rounds(exp.runner(chunk=3), 6)
+        costs.append(int(rows[-1]["comm_cost"]))
+    assert costs[0] >= costs[1] >= costs[2]
+
+
+def test_um_pfssl_needs_dropout_and_valid_sizes():
+    with pytest.raises(ConfigError, match="model.dropout"):
+        experiment.build(compose_config(*TINY, "model.dropout=0.0"))
+    with pytest.raises(ConfigError, match="algorithm.num_replace"):
+        experiment.build(compose_config(*TINY, "algorithm.num_replace=3"))
