@@ -12,6 +12,7 @@ from conftest import compose_config
 from fedjax_semi import experiment
 from fedjax_semi.config import ConfigError
 
+ROUNDS = 4  # t=1,3: replace; t=2: replace + refresh; t=4: refresh only (F=3, nu=2)
 TINY = [
     "algorithm=um_pfssl",
     "num_clients=6",
@@ -41,16 +42,22 @@ def rounds(runner, n):
 
 
 @pytest.fixture(scope="module")
-def tiny():
+def tiny_runner():
     exp = experiment.build(compose_config(*TINY))
-    states, rows = rounds(exp.runner(chunk=2), 6)
+    return exp, exp.runner(chunk=1)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_runner):
+    exp, runner = tiny_runner
+    states, rows = rounds(runner, ROUNDS)
     return exp, states, rows
 
 
 def test_helper_list_invariants_ac9_ac10_ac13(tiny):
     exp, states, rows = tiny
     k, m, r = 6, 3, 1
-    for t in range(1, 7):
+    for t in range(1, ROUNDS + 1):
         before, after, row = states[t - 1].extra, states[t].extra, rows[t - 1]
         hidx = np.asarray(after["helper_idx"])
         assert (hidx[:, 0] == np.arange(k)).all()  # self in slot 0
@@ -78,11 +85,11 @@ def test_helper_list_invariants_ac9_ac10_ac13(tiny):
         assert (ver <= pool_ver[np.maximum(hidx[:, 1:], 0)]).all()
     comm = rows[-1]
     assert comm["comm_replace_downloads"] == 3 * r * 3  # S * R in each of the F search rounds
-    assert comm["comm_uploads"] == 3 * 6
+    assert comm["comm_uploads"] == 3 * ROUNDS
     # Eq. 27 bound (fill excluded): replace + update + uploads <= (M n/nu + n + F R) S
     cost = comm["comm_replace_downloads"] + comm["comm_update_downloads"] + comm["comm_uploads"]
-    assert cost <= (m * 6 / 2 + 6 + 3 * r) * 3
-    assert comm["comm_update_downloads"] <= 3 * (m - 1 - r) * 3  # <= S (M-1-R) per refresh round
+    assert cost <= (m * ROUNDS / 2 + ROUNDS + 3 * r) * 3
+    assert comm["comm_update_downloads"] <= 3 * (m - 1 - r) * 2  # <= S (M-1-R) per refresh round
 
 
 def test_warmup_trains_every_client(tiny):
@@ -96,16 +103,38 @@ def test_warmup_trains_every_client(tiny):
     assert max(moved) > 0
 
 
-def test_vectorized_equals_reference_loop_ac18(tiny):
+@pytest.mark.parametrize("backend", ["reference", "all"])
+def test_vectorized_equals_reference_loop_ac18(tiny, backend):
+    """chunk=1 (the fixture), one vmap over the cohort, and the per-client loop agree."""
     exp, states, rows = tiny
-    ref_states, ref_rows = rounds(exp.runner(backend="reference"), 6)
-    for a, b in zip(jax.tree.leaves(states[-1]), jax.tree.leaves(ref_states[-1]), strict=True):
+    runner = exp.runner(backend="reference") if backend == "reference" else exp.runner(chunk="all")
+    other_states, other_rows = rounds(runner, ROUNDS)
+    for a, b in zip(jax.tree.leaves(states[-1]), jax.tree.leaves(other_states[-1]), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
-    for a, b in zip(rows, ref_rows, strict=True):
+    for a, b in zip(rows, other_rows, strict=True):
         assert a["comm_cost"] == b["comm_cost"]
         np.testing.assert_allclose(a["train_loss"], b["train_loss"], atol=1e-4)
+    acc = [runner.evaluate(s)["client_acc"] for s in (states[-1], other_states[-1])]
+    np.testing.assert_allclose(acc[0], acc[1], atol=1e-4)
 
 
+def test_hidden_labels_change_nothing(tiny_runner, tiny):
+    """Corrupting the true labels of unlabeled data leaves every training result unchanged."""
+    from test_isolation import corrupt_unlabeled
+
+    exp, runner = tiny_runner
+    _, states, _ = tiny
+    runner.fed = corrupt_unlabeled(exp.fed)
+    runner.data = runner.fed.train_view()  # same compiled round, other data
+    try:
+        corrupted, _ = rounds(runner, ROUNDS)
+    finally:
+        runner.fed, runner.data = exp.fed, exp.fed.train_view()
+    for a, b in zip(jax.tree.leaves(states[-1]), jax.tree.leaves(corrupted[-1]), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.slow
 def test_cost_does_not_rise_with_nu():
     costs = []
     for nu in (2, 3, 6):
