@@ -7,8 +7,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from conftest import compose_config
 
+from conftest import compose_config
 from fedjax_semi import experiment
 from fedjax_semi.config import ConfigError
 
