@@ -385,5 +385,10 @@ def test_tfds_array_record_round_trip(tmp_path):
         want = np.lexsort(x.reshape(len(x), -1).T)
         np.testing.assert_array_equal(got_x[order], x[want])
         np.testing.assert_array_equal(got_y[order], y[want])
-    with pytest.raises(DatasetNotFoundError, match="tfds:not_prepared_here"):
+    with pytest.raises(DatasetNotFoundError, match="tfds:not_prepared_here") as info:
         load_dataset("tfds:not_prepared_here", data_dir=str(tmp_path / "tfds"))
+    assert str(tmp_path / "tfds" / "not_prepared_here") in str(info.value)
+    # A folder that is not a prepared dataset: TFDS's own error, worded as not found.
+    (tmp_path / "tfds" / "half_done" / "1.0.0").mkdir(parents=True)
+    with pytest.raises(DatasetNotFoundError, match="array_record"):
+        load_dataset("tfds:half_done", data_dir=str(tmp_path / "tfds"))

@@ -15,6 +15,10 @@ from fedjax_semi.engine.simulate import Runner
 
 EXTRA = {
     "fedavg_pl": ["algorithm.pl_threshold=0.3", "algorithm.pl_warmup_rounds=0"],
+    **{
+        n: ["algorithm.pl_threshold=0.3"]
+        for n in ("fixavg", "fixprox", "fixbn", "fedper", "lg_fedavg")
+    },
 }
 
 
@@ -37,7 +41,7 @@ def corrupt_unlabeled(fed):
 
 # um_pfssl: tests/test_um_pfssl.py::test_hidden_labels_change_nothing
 @pytest.mark.parametrize(
-    "name", [n for n in sorted(ALGORITHMS) if n not in ("fedavg_sl", "um_pfssl")]
+    "name", [n for n in sorted(ALGORITHMS) if not n.endswith("_sl") and n != "um_pfssl"]
 )
 def test_training_ignores_hidden_labels(name):
     exp = experiment.build(compose_config(f"algorithm={name}", *EXTRA.get(name, [])))

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedjax_semi.data.partition import (
+    POOLED_FRACTIONS,
     Partition,
+    apply_client_transforms,
     build_partition,
     class_proportions,
     dirichlet_partition,
@@ -395,3 +400,623 @@ def test_bad_arguments(overrides, key):
     msg = str(info.value)
     assert msg.startswith(key + "=")
     assert repr(next(iter(overrides.values()))) in msg
+
+
+# ----------------------------------------------------------------------------- paper schemes
+
+PAPER_SCHEMES = ["subset", "normal", "cofed", "cfsl", "ada"]
+TRAIN_ROLES = ("labeled", "unlabeled", "target_labeled", "target_unlabeled", "val")
+# Small per-class sizes so that synthetic data has room for many clients.
+DOFED_SMALL = dict(train_per_class=20, target_per_class=20, target_labeled_fraction=0.1)
+SCHEME_KNOBS = {
+    "subset": dict(DOFED_SMALL, test_per_class=5),
+    "normal": dict(DOFED_SMALL, test_per_class=5),
+    "cofed": dict(samples_per_class=10, cofed_min_classes=3, cofed_max_classes=5),
+    "cfsl": dict(split="pooled"),
+    "ada": dict(labeled_fraction=0.2, val_fraction=0.2),
+}
+
+
+def synthetic_coarse(per_fine: int = 100, per_fine_test: int = 20) -> ArrayDataset:
+    """20 fine classes in 5 superclasses of 4 (fine c -> coarse c // 4), CIFAR-100 style."""
+    y_tr = np.repeat(np.arange(20), per_fine).astype(np.int32)
+    y_te = np.repeat(np.arange(20), per_fine_test).astype(np.int32)
+    x_tr = np.zeros((len(y_tr), 1, 1, 1), np.uint8)
+    x_te = np.zeros((len(y_te), 1, 1, 1), np.uint8)
+    return ArrayDataset(
+        "synthetic_coarse", x_tr, y_tr, x_te, y_te, 20, (0.0,), (1.0,),
+        extra={"y_train_coarse": y_tr // 4, "y_test_coarse": y_te // 4},
+    )  # fmt: skip
+
+
+SYN_BIG = synthetic(20000, 5000)
+SYN_COARSE = synthetic_coarse()
+
+
+@pytest.fixture(scope="module")
+def fmnist() -> ArrayDataset:
+    if not Path("/usr/share/datasets/fashion-mnist").is_dir():
+        pytest.skip("Debian's Fashion-MNIST (/usr/share/datasets/fashion-mnist) is not installed")
+    return load_dataset("fashion_mnist")
+
+
+def build_paper(scheme: str, ds: ArrayDataset = SYN_BIG, **overrides) -> Partition:
+    return build(ds, scheme=scheme, **{**SCHEME_KNOBS[scheme], **overrides})
+
+
+def check_paper_invariants(p: Partition, ds: ArrayDataset, cross_disjoint: bool = True) -> None:
+    """Roles sorted, disjoint within a client (and across clients unless the scheme shares
+    them), server sets disjoint from each other and from every client role, tests inside
+    test_global, assignments with a leading client axis."""
+    n_tr = len(ds.y_train)
+    n_all = n_tr + len(ds.y_test)
+    c = p.num_clients
+    for r, lists in p.clients.items():
+        assert len(lists) == c, r
+        assert_sorted_i64(lists)
+        for a in lists:
+            assert len(a) == 0 or (a.min() >= 0 and a.max() < n_all)
+    for k in range(c):  # disjoint within a client
+        mine = np.concatenate([p.clients[r][k] for r in p.clients])
+        assert len(np.unique(mine)) == len(mine)
+    train_roles = [r for r in p.clients if r in TRAIN_ROLES]
+    train_all = np.concatenate([a for r in train_roles for a in p.clients[r]])
+    if cross_disjoint:
+        assert len(np.unique(train_all)) == len(train_all)
+        tests = np.concatenate(p.clients["test"])
+        assert len(np.unique(tests)) == len(tests)
+    glob = p.server["test_global"]
+    for a in p.clients["test"]:
+        assert np.isin(a, glob).all()
+    assert not np.isin(train_all, glob).any()
+    others = [v for name, v in p.server.items() if name != "test_global"]
+    for i, v in enumerate(others):  # server sets: disjoint from everything else
+        assert v.dtype == np.int64 and len(np.unique(v)) == len(v)
+        assert not np.isin(v, train_all).any() and not np.isin(v, glob).any()
+        for w in others[i + 1 :]:
+            assert not np.isin(v, w).any()
+    assert p.mu.shape == (c,)
+    for name, a in p.assignments.items():
+        assert a.shape[0] == c, name
+
+
+def labels_of(ds: ArrayDataset, idx: np.ndarray) -> np.ndarray:
+    return all_labels(ds)[idx]
+
+
+def test_paper_defaults_match_config():
+    from dataclasses import fields
+
+    from fedjax_semi.config import PartitionConfig
+    from fedjax_semi.data.partition import PAPER_DEFAULTS
+
+    cfg = {f.name: f.default for f in fields(PartitionConfig) if f.name != "file"}
+    for key, value in PAPER_DEFAULTS.items():
+        assert cfg[key] == value, key
+    # Every PartitionConfig field is a build_partition keyword (experiment.make_partition).
+    assert set(cfg) == set(DEFAULTS) - {"num_clients", "seed"} | set(PAPER_DEFAULTS)
+
+
+@pytest.mark.parametrize("name", ["subset", "normal", "cofed", "cfsl", "ada", "um_pfssl"])
+def test_presets_compose_and_build(name):
+    from dataclasses import asdict
+
+    from conftest import compose_config
+
+    cfg = compose_config(f"partition={name}")
+    knobs = {k: v for k, v in asdict(cfg.partition).items() if k != "file"}
+    p = build_partition(SYN_BIG, num_clients=cfg.num_clients, seed=cfg.seed, **knobs)
+    assert p.meta["scheme"] == cfg.partition.scheme
+    if name == "um_pfssl":
+        assert (cfg.partition.labeled_mode, cfg.partition.split) == ("dirichlet", "pooled")
+        assert cfg.partition.val_fraction == pytest.approx(POOLED_FRACTIONS[1])
+
+
+# --- DoFed-SPP
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    num_clients=st.integers(1, 15),
+    n_clusters=st.integers(2, 5),
+    assignment=st.sampled_from(["balanced", "random"]),
+    overlap=st.sampled_from(["allow", "none"]),
+    seed=st.integers(0, 1000),
+)
+def test_subset_properties(num_clients, n_clusters, assignment, overlap, seed):
+    ds = SYN_BIG  # 2000 train / 500 test samples per class: enough for disjoint draws
+    p = build_paper(
+        "subset", num_clients=num_clients, n_clusters=n_clusters, assignment=assignment,
+        overlap=overlap, seed=seed,
+    )  # fmt: skip
+    check_paper_invariants(p, ds)  # pools suffice, so even "allow" shares nothing
+    assert set(p.clients) == {"labeled", "target_labeled", "target_unlabeled", "test"}
+    clusters = [np.array(c) for c in p.meta["clusters"]]
+    np.testing.assert_array_equal(np.sort(np.concatenate(clusters)), np.arange(10))
+    assert min(len(c) for c in clusters) == 10 // n_clusters
+    a, b = p.assignments["train_cluster"], p.assignments["target_cluster"]
+    assert ((a >= 0) & (a < n_clusters) & (b >= 0) & (b < n_clusters) & (a != b)).all()
+    if assignment == "balanced":
+        np.testing.assert_array_equal(
+            np.bincount(a, minlength=n_clusters).max(), -(-num_clients // n_clusters)
+        )
+    for k in range(num_clients):
+        tr_cls, tg_cls = clusters[a[k]], clusters[b[k]]
+        np.testing.assert_array_equal(np.flatnonzero(p.assignments["train_classes"][k]), tr_cls)
+        np.testing.assert_array_equal(np.flatnonzero(p.assignments["target_classes"][k]), tg_cls)
+        for role, cls, per in [
+            ("labeled", tr_cls, 20),
+            ("target_labeled", tg_cls, 2),
+            ("target_unlabeled", tg_cls, 18),
+            ("test", tg_cls, 5),
+        ]:
+            idx = p.clients[role][k]
+            counts = np.bincount(labels_of(ds, idx), minlength=10)
+            np.testing.assert_array_equal(np.flatnonzero(counts), cls)  # target ⊂ its cluster
+            assert (counts[cls] == per).all(), role
+        assert (p.clients["labeled"][k] < len(ds.y_train)).all()
+        assert (p.clients["test"][k] >= len(ds.y_train)).all()
+    n_tr, n_tg = p.assignments["train_classes"].sum(1), p.assignments["target_classes"].sum(1)
+    np.testing.assert_allclose(p.mu, (20 * n_tr + 2 * n_tg) / (20 * n_tr + 20 * n_tg))
+
+
+def test_subset_leftover_classes_join_clusters():
+    p = build_paper("subset", num_clients=6, n_clusters=4)  # 10 classes: 2 leftovers
+    sizes = sorted(len(c) for c in p.meta["clusters"])
+    assert sum(sizes) == 10 and sizes[0] == 2 and sizes[-1] <= 4
+
+
+def test_subset_default_sizes_on_fashion_mnist(fmnist):
+    p = build(fmnist, scheme="subset", num_clients=25)  # spec sizes: 1000 / 20 / 380 / 200
+    check_paper_invariants(p, fmnist)
+    np.testing.assert_array_equal(p.counts()["labeled"], 1000)
+    np.testing.assert_array_equal(p.counts()["target_labeled"], 20)
+    np.testing.assert_array_equal(p.counts()["target_unlabeled"], 380)
+    np.testing.assert_array_equal(p.counts()["test"], 200)
+    assert np.bincount(p.assignments["train_cluster"], minlength=5).tolist() == [5] * 5
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    num_clients=st.integers(1, 12),
+    reject=st.sampled_from(["identical", "subset"]),
+    size_mode=st.sampled_from(["per_class", "fixed_total"]),
+    seed=st.integers(0, 1000),
+)
+def test_normal_properties(num_clients, reject, size_mode, seed):
+    ds = SYN_BIG
+    p = build_paper(
+        "normal", num_clients=num_clients, normal_reject=reject, normal_size_mode=size_mode,
+        seed=seed,
+    )  # fmt: skip
+    check_paper_invariants(p, ds)
+    tr_m, tg_m = p.assignments["train_classes"], p.assignments["target_classes"]
+    assert tr_m.shape == tg_m.shape == (num_clients, 10) and tr_m.dtype == bool
+    for k in range(num_clients):
+        tr, tg = np.flatnonzero(tr_m[k]), np.flatnonzero(tg_m[k])
+        assert 2 <= len(tr) <= 10 and 2 <= len(tg) <= 10
+        assert not np.array_equal(tr, tg)
+        if reject == "subset":
+            assert not np.isin(tg, tr).all()
+        lab = np.bincount(labels_of(ds, p.clients["labeled"][k]), minlength=10)
+        tl = np.bincount(labels_of(ds, p.clients["target_labeled"][k]), minlength=10)
+        tu = np.bincount(labels_of(ds, p.clients["target_unlabeled"][k]), minlength=10)
+        te = np.bincount(labels_of(ds, p.clients["test"][k]), minlength=10)
+        assert set(np.flatnonzero(lab)) == set(tr) and set(np.flatnonzero(tl + tu)) == set(tg)
+        assert set(np.flatnonzero(te)) == set(tg) and (te[tg] == 5).all()
+        if size_mode == "per_class":
+            assert (lab[tr] == 20).all() and (tl[tg] == 2).all() and (tu[tg] == 18).all()
+        else:  # SUBSET totals (Kc=5: 2 classes) split evenly over the drawn classes
+            assert lab.sum() == 40 and (tl + tu).sum() == 40 and tl.sum() == 4
+            assert np.ptp(lab[tr]) <= 1 and np.ptp((tl + tu)[tg]) <= 1
+
+
+def test_normal_on_fashion_mnist_and_overlap_modes(fmnist):
+    p = build(fmnist, scheme="normal", num_clients=25, seed=1)
+    # The spec's sizes exceed Fashion-MNIST's 6000 images per class: clients share samples,
+    # but never within a client and, since classes are large, unlabeled samples stay out of
+    # every labeled set.
+    check_paper_invariants(p, fmnist, cross_disjoint=False)
+    lab = np.concatenate(p.clients["labeled"] + p.clients["target_labeled"])
+    unl = np.concatenate(p.clients["target_unlabeled"])
+    assert not np.isin(unl, lab).any()
+    assert p.meta["train_capped"] == 0
+    with pytest.raises(ValueError, match=r"^partition\.overlap='none'"):
+        build(fmnist, scheme="normal", num_clients=25, seed=1, overlap="none")
+
+
+def test_normal_target_has_priority_and_train_is_capped():
+    ds = synthetic(200, 100)  # 20 train samples per class
+    p = build(
+        ds, scheme="normal", num_clients=8, train_per_class=20, target_per_class=10,
+        target_labeled_fraction=0.1, test_per_class=5, seed=0,
+    )  # fmt: skip
+    check_paper_invariants(p, ds, cross_disjoint=False)
+    tr_m, tg_m = p.assignments["train_classes"], p.assignments["target_classes"]
+    both = tr_m & tg_m
+    assert both.any()
+    for k in range(8):
+        t = np.bincount(labels_of(ds, p.clients["target_labeled"][k]), minlength=10)
+        t += np.bincount(labels_of(ds, p.clients["target_unlabeled"][k]), minlength=10)
+        lab = np.bincount(labels_of(ds, p.clients["labeled"][k]), minlength=10)
+        assert (t[tg_m[k]] == 10).all()  # full target sets
+        assert (lab[both[k]] == 10).all()  # train capped at 20 - 10
+    assert p.meta["train_capped"] == 10 * both.sum()
+
+
+# --- CoFED
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    num_clients=st.integers(2, 12),
+    variant=st.sampled_from(["iid", "noniid"]),
+    coarse=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_cofed_properties(num_clients, variant, coarse, seed):
+    ds = SYN_COARSE if coarse else SYN_BIG
+    hi = 4 if coarse else 5
+    p = build_paper(
+        "cofed", ds, num_clients=num_clients, cofed_variant=variant, cofed_max_classes=hi,
+        seed=seed,
+    )  # fmt: skip
+    check_paper_invariants(p, ds, cross_disjoint=False)  # tests are shared, as in the paper
+    train = np.concatenate(p.clients["labeled"])
+    assert len(np.unique(train)) == len(train)  # private sets never overlap
+    pub = p.server["public"]
+    assert len(pub) == round(0.2 * len(ds.y_train)) and pub.max() < len(ds.y_train)
+    fmap = np.arange(20) // 4 if coarse else np.arange(10)
+    n_tasks = fmap.max() + 1
+    spaces, lmap = p.assignments["label_space"], p.assignments["label_map"]
+    assert spaces.shape == (num_clients, n_tasks) and spaces.dtype == bool
+    np.testing.assert_array_equal(lmap, np.tile(fmap, (num_clients, 1)))
+    assert ((spaces.sum(1) >= 3) & (spaces.sum(1) <= hi)).all()
+    owners = spaces.sum(0)
+    assert all((owners[spaces[k]] >= 2).any() for k in range(num_clients))  # paper Eq. 2
+    y = all_labels(ds)
+    for k in range(num_clients):
+        fine = y[p.clients["labeled"][k]]
+        tasks = np.bincount(fmap[fine], minlength=n_tasks)
+        if coarse or variant == "iid":
+            np.testing.assert_array_equal(tasks, 10 * spaces[k])
+        else:  # fine tasks, non-IID: Dir(alpha) counts over the owned classes
+            assert tasks.sum() == 10 * spaces[k].sum() and not tasks[~spaces[k]].any()
+        if coarse:
+            for t in np.flatnonzero(spaces[k]):
+                per_sub = np.bincount(fine[fmap[fine] == t], minlength=20)[fmap == t]
+                if variant == "iid":  # evenly over the 4 subclasses
+                    assert np.ptp(per_sub) <= 1
+                else:
+                    assert (per_sub > 0).sum() in (1, 2)
+        test_tasks = fmap[y[p.clients["test"][k]]]
+        expected = np.flatnonzero(spaces[k][fmap[ds.y_test]]) + len(ds.y_train)
+        np.testing.assert_array_equal(p.clients["test"][k], expected)
+        assert spaces[k][test_tasks].all()
+    np.testing.assert_array_equal(p.mu, 1.0)
+
+
+def test_cofed_on_fashion_mnist(fmnist):
+    for variant in ("iid", "noniid"):
+        p = build(fmnist, scheme="cofed", num_clients=100, cofed_variant=variant)
+        check_paper_invariants(p, fmnist, cross_disjoint=False)
+        assert p.meta["task_source"] == "fine"
+        sizes = p.assignments["label_space"].sum(1)
+        assert sizes.min() >= 6 and sizes.max() <= 8
+        np.testing.assert_array_equal(p.counts()["labeled"], 50 * sizes)
+        assert len(p.server["public"]) == 12000
+
+
+def test_cofed_large_alpha_near_uniform_noniid():
+    p = build_paper(
+        "cofed", num_clients=10, cofed_variant="noniid", alpha=1e5, samples_per_class=200
+    )
+    y = all_labels(SYN_BIG)
+    for k in range(10):
+        counts = np.bincount(y[p.clients["labeled"][k]], minlength=10)
+        own = p.assignments["label_space"][k]
+        assert np.abs(counts[own] - 200).max() <= 2
+
+
+def test_cofed_capacity_error():
+    with pytest.raises(ValueError, match=r"^partition\.samples_per_class=5000"):
+        build_paper("cofed", num_clients=10, samples_per_class=5000)
+
+
+# --- CFSL
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    num_clients=st.integers(3, 40),
+    num_edges=st.integers(1, 3),
+    groups=st.integers(1, 4),
+    transform=st.sampled_from(["label_permutation", "rotation", "none"]),
+    split=st.sampled_from(["official", "pooled"]),
+    seed=st.integers(0, 1000),
+)
+def test_cfsl_properties(num_clients, num_edges, groups, transform, split, seed):
+    ds = SYN
+    p = build_paper(
+        "cfsl", ds, num_clients=num_clients, num_edges=num_edges, cfsl_clusters=groups,
+        cfsl_transform=transform, split=split, seed=seed,
+    )  # fmt: skip
+    check_paper_invariants(p, ds)
+    n_tr, n_all = len(ds.y_train), len(ds.y_train) + len(ds.y_test)
+    train = np.concatenate(p.clients["labeled"] + p.clients["unlabeled"])
+    every = np.sort(np.concatenate([train, *p.clients["test"]]))
+    if split == "pooled":
+        np.testing.assert_array_equal(every, np.arange(n_all))
+        for k in range(num_clients):
+            n_k = len(p.clients["test"][k]) + p.counts()["labeled"][k] + p.counts()["unlabeled"][k]
+            assert len(p.clients["test"][k]) == round(0.2 * n_k)
+    else:
+        np.testing.assert_array_equal(np.sort(train), np.arange(n_tr))
+    n = p.counts()["labeled"] + p.counts()["unlabeled"]
+    np.testing.assert_array_equal(p.counts()["labeled"], np.maximum(1, np.round(0.1 * n)))
+    edge, cluster = p.assignments["edge"], p.assignments["cluster"]
+    assert edge.dtype == cluster.dtype == np.int64
+    assert np.ptp(np.bincount(edge, minlength=num_edges)) <= 1 and edge.max() < num_edges
+    for j in range(num_edges):
+        assert np.ptp(np.bincount(cluster[edge == j], minlength=groups)) <= 1
+    lm, rot = p.assignments["label_map"], p.assignments["rotation"]
+    assert lm.shape == (num_clients, 10) and rot.shape == (num_clients,)
+    for k in range(num_clients):
+        np.testing.assert_array_equal(np.sort(lm[k]), np.arange(10))  # a permutation
+        ident = np.array_equal(lm[k], np.arange(10))
+        if transform == "label_permutation":
+            assert ident == (cluster[k] == 0)
+            if cluster[k]:
+                assert (lm[k] != np.arange(10)).all()  # a derangement
+        else:
+            assert ident
+    if transform == "rotation":
+        np.testing.assert_array_equal(rot, (4 * cluster) // groups)
+        assert set(rot[cluster > 0]) <= {1, 2, 3}
+    else:
+        assert not rot.any()
+    # Clients of one group share its transform; different groups' label maps differ.
+    for g in range(groups):
+        rows = lm[cluster == g]
+        assert (rows == rows[:1]).all()
+    if transform == "label_permutation":
+        assert len({tuple(r) for r in lm}) == len(np.unique(cluster))
+
+
+def test_cfsl_on_fashion_mnist(fmnist):
+    p = build(fmnist, scheme="cfsl", num_clients=200, split="pooled", num_edges=3)
+    check_paper_invariants(p, fmnist)
+    assert sorted(np.bincount(p.assignments["edge"]).tolist()) == [66, 67, 67]
+    y = all_labels(fmnist)
+    n_cls = [
+        len(np.unique(y[np.concatenate([a, b, c])]))
+        for a, b, c in zip(
+            p.clients["labeled"], p.clients["unlabeled"], p.clients["test"], strict=True
+        )
+    ]
+    assert max(n_cls) <= 2  # 400 shards of 175 within 7000-image classes: exactly 2 classes
+    assert p.counts()["labeled"].min() >= 1
+
+
+def test_cfsl_large_alpha_near_uniform():
+    p = build_paper("cfsl", SYN_BIG, cfsl_base="dirichlet", alpha=1e5, num_clients=10)
+    y = all_labels(SYN_BIG)
+    train = [
+        np.concatenate(ab) for ab in zip(p.clients["labeled"], p.clients["unlabeled"], strict=True)
+    ]
+    np.testing.assert_allclose(class_proportions(y, train, 10), 0.1, atol=0.01)
+
+
+def test_apply_client_transforms():
+    ds = synthetic(400, 100)
+    x = np.arange(500 * 2 * 3).reshape(500, 2, 3, 1).astype(np.int32)
+    x = np.pad(x, ((0, 0), (0, 1), (0, 0), (0, 0)))  # 3x3 so that rot90 keeps the shape
+    y = all_labels(ds)
+    for transform in ("label_permutation", "rotation"):
+        p = build_paper("cfsl", ds, num_clients=8, cfsl_transform=transform, cfsl_clusters=2)
+        x2, y2 = apply_client_transforms(x, y, p)
+        lm, rot = p.assignments["label_map"], p.assignments["rotation"]
+        for r in p.clients:
+            for k, idx in enumerate(p.clients[r]):
+                np.testing.assert_array_equal(y2[idx], lm[k, y[idx]])
+                np.testing.assert_array_equal(x2[idx], np.rot90(x[idx], rot[k], axes=(1, 2)))
+        assert (y2 != y).any() if transform == "label_permutation" else (x2 != x).any()
+    q = build(ds)  # generic partitions: identity
+    x3, y3 = apply_client_transforms(x, y, q)
+    assert x3 is x and np.array_equal(y3, y)
+
+
+# --- Ada-FedSemi
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    num_clients=st.integers(10, 30),  # >= Q: a class can fill its dominant clients' shares
+    variant=st.sampled_from(["iid", "noniid"]),
+    zeta=st.sampled_from([0.0, 0.5, 0.75]),
+    pool=st.sampled_from([0, 500]),
+    seed=st.integers(0, 1000),
+)
+def test_ada_properties(num_clients, variant, zeta, pool, seed):
+    ds = SYN_BIG
+    p = build_paper(
+        "ada", ds, num_clients=num_clients, ada_variant=variant, ada_zeta=zeta,
+        server_unlabeled_size=pool, seed=seed,
+    )  # fmt: skip
+    check_paper_invariants(p, ds)
+    n_tr, n_te = len(ds.y_train), len(ds.y_test)
+    lab = np.sort(np.concatenate(p.clients["labeled"]))
+    assert len(lab) == round(0.2 * n_tr)
+    sizes = p.counts()["labeled"]
+    assert np.ptp(sizes) <= 1  # N_m = N_L / M
+    s_unl, s_val = p.server["server_unlabeled"], p.server["server_val"]
+    if pool:
+        assert len(s_unl) == pool
+    else:
+        np.testing.assert_array_equal(np.sort(np.concatenate([lab, s_unl])), np.arange(n_tr))
+    assert len(s_val) == round(0.2 * n_te)
+    np.testing.assert_array_equal(
+        np.sort(np.concatenate([s_val, p.server["test_global"]])), np.arange(n_tr, n_tr + n_te)
+    )
+    np.testing.assert_array_equal(p.counts()["unlabeled"], 0)
+    np.testing.assert_array_equal(p.mu, 1.0)
+    y = all_labels(ds)
+    if variant == "noniid" and -(-num_clients // 10) * round(zeta * sizes.max()) <= min(
+        np.bincount(y[lab], minlength=10)
+    ):  # no class runs out of samples for its dominant clients: shares are exact
+        for m in range(num_clients):
+            assert (y[p.clients["labeled"][m]] == m % 10).sum() == round(zeta * sizes[m])
+        np.testing.assert_array_equal(p.assignments["dominant_class"], np.arange(num_clients) % 10)
+
+
+def test_ada_on_fashion_mnist(fmnist):
+    p = build(fmnist, scheme="ada", num_clients=20, labeled_fraction=0.2, val_fraction=0.2)
+    check_paper_invariants(p, fmnist)
+    np.testing.assert_array_equal(p.counts()["labeled"], 600)
+    assert len(p.server["server_unlabeled"]) == 48000 and len(p.server["server_val"]) == 2000
+    y = all_labels(fmnist)
+    dom = [(y[a] == m % 10).mean() for m, a in enumerate(p.clients["labeled"])]
+    np.testing.assert_array_equal(dom, 0.5)  # spec §7 test 18: exactly round(zeta N_m)
+    q = build(fmnist, scheme="ada", num_clients=20, labeled_fraction=0.2, val_fraction=0.2,
+              ada_variant="iid")  # fmt: skip
+    hist = np.stack([np.bincount(y[a], minlength=10) for a in q.clients["labeled"]])
+    assert hist.min() > 30  # near uniform: 60 per class expected
+
+
+def test_server_val_labels_visible_to_training():
+    from fedjax_semi.data.federated import LABELED_ROLES, build_federated
+
+    assert "server_val" in LABELED_ROLES and "target_labeled" in LABELED_ROLES
+    ds = SYN
+    p = build_paper("ada", ds, num_clients=5)
+    fed = build_federated(ds.x_train, ds.y_train, ds.x_test, ds.y_test, p, 10)
+    y, eval_y = np.asarray(fed.y), np.asarray(fed.eval_y)
+    np.testing.assert_array_equal(y[p.server["server_val"]], eval_y[p.server["server_val"]])
+    assert (y[p.server["server_unlabeled"]] == -1).all()
+    assert (y[p.server["test_global"]] == -1).all()
+
+
+# --- all paper schemes
+
+
+@pytest.mark.parametrize("scheme", PAPER_SCHEMES)
+def test_paper_seeds_reproduce(scheme):
+    a, b, c = (build_paper(scheme, num_clients=10, seed=s) for s in (3, 3, 4))
+    for r in a.clients:
+        for x, y in zip(a.clients[r], b.clients[r], strict=True):
+            np.testing.assert_array_equal(x, y)
+    for name in a.server:
+        np.testing.assert_array_equal(a.server[name], b.server[name])
+    for name in a.assignments:
+        np.testing.assert_array_equal(a.assignments[name], b.assignments[name])
+    assert a.meta == b.meta
+    assert any(
+        not np.array_equal(x, y)
+        for x, y in zip(a.clients["labeled"], c.clients["labeled"], strict=True)
+    )
+
+
+@pytest.mark.parametrize("scheme", PAPER_SCHEMES)
+def test_paper_save_load_round_trip(scheme, tmp_path):
+    p = build_paper(scheme, num_clients=7)
+    path = tmp_path / f"{scheme}.npz"
+    p.save(path)
+    q = Partition.load(path)
+    assert q.meta == p.meta
+    assert list(q.clients) == list(p.clients) and list(q.server) == list(p.server)
+    assert list(q.assignments) == list(p.assignments) and p.assignments
+    for r in p.clients:
+        for x, y in zip(p.clients[r], q.clients[r], strict=True):
+            np.testing.assert_array_equal(x, y)
+    for name in p.server:
+        np.testing.assert_array_equal(p.server[name], q.server[name])
+    for name, a in p.assignments.items():
+        assert q.assignments[name].dtype == a.dtype and q.assignments[name].shape == a.shape
+        np.testing.assert_array_equal(q.assignments[name], a)
+    np.testing.assert_array_equal(p.mu, q.mu)
+
+
+def test_old_npz_without_assignments_loads(tmp_path):
+    p = build()
+    assert p.assignments == {}
+    path = tmp_path / "old.npz"
+    p.save(path)
+    with np.load(path) as z:  # rewrite it the way files were written before assignments
+        arrays = {k: z[k] for k in z.files}
+    header = json.loads(str(arrays["header"]))
+    del header["assignments"]
+    arrays["header"] = np.array(json.dumps(header))
+    with open(path, "wb") as f:
+        np.savez_compressed(f, **arrays)
+    q = Partition.load(path)
+    assert q.assignments == {}
+    for x, y in zip(p.clients["labeled"], q.clients["labeled"], strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ({"scheme": "subset", "n_clusters": 1}, "partition.n_clusters"),
+        ({"scheme": "subset", "n_clusters": 11}, "partition.n_clusters"),
+        ({"scheme": "subset", "assignment": "greedy"}, "partition.assignment"),
+        ({"scheme": "subset", "train_per_class": 0}, "partition.train_per_class"),
+        ({"scheme": "subset", "target_per_class": 2.5}, "partition.target_per_class"),
+        ({"scheme": "subset", "target_labeled_fraction": 0.0}, "partition.target_labeled_fraction"),
+        ({"scheme": "subset", "test_per_class": 0}, "partition.test_per_class"),
+        ({"scheme": "subset", "overlap": "some"}, "partition.overlap"),
+        ({"scheme": "subset", "split": "pooled"}, "partition.split"),
+        ({"scheme": "subset", "val_fraction": 0.1}, "partition.val_fraction"),
+        ({"scheme": "normal", "normal_max_classes": 1}, "partition.normal_max_classes"),
+        (
+            {"scheme": "normal", "normal_min_classes": 11, "normal_max_classes": 12},
+            "partition.normal_min_classes",
+        ),
+        ({"scheme": "normal", "normal_reject": "never"}, "partition.normal_reject"),
+        ({"scheme": "normal", "normal_size_mode": "total"}, "partition.normal_size_mode"),
+        ({"scheme": "cofed", "cofed_variant": "niid"}, "partition.cofed_variant"),
+        (
+            {"scheme": "cofed", "cofed_min_classes": 11, "cofed_max_classes": 12},
+            "partition.cofed_min_classes",
+        ),
+        ({"scheme": "cofed", "cofed_max_classes": 5}, "partition.cofed_max_classes"),
+        ({"scheme": "cofed", "samples_per_class": 0}, "partition.samples_per_class"),
+        ({"scheme": "cofed", "cofed_max_subclasses": 0}, "partition.cofed_max_subclasses"),
+        ({"scheme": "cofed", "public_fraction": 1.0}, "partition.public_fraction"),
+        ({"scheme": "cfsl", "num_edges": 0}, "partition.num_edges"),
+        ({"scheme": "cfsl", "num_edges": 11}, "partition.num_edges"),
+        ({"scheme": "cfsl", "cfsl_clusters": 0}, "partition.cfsl_clusters"),
+        (
+            {"scheme": "cfsl", "cfsl_transform": "rotation", "cfsl_clusters": 5},
+            "partition.cfsl_clusters",
+        ),  # fmt: skip
+        ({"scheme": "cfsl", "cfsl_transform": "flip"}, "partition.cfsl_transform"),
+        ({"scheme": "cfsl", "cfsl_base": "cfsl"}, "partition.cfsl_base"),
+        ({"scheme": "cfsl", "local_test_fraction": -0.1}, "partition.local_test_fraction"),
+        ({"scheme": "ada", "ada_variant": "mixed"}, "partition.ada_variant"),
+        ({"scheme": "ada", "ada_zeta": 1.5}, "partition.ada_zeta"),
+        ({"scheme": "ada", "server_unlabeled_size": -1}, "partition.server_unlabeled_size"),
+        ({"scheme": "ada", "server_unlabeled_size": 1801}, "partition.server_unlabeled_size"),
+        ({"scheme": "ada", "val_fraction": 0.0}, "partition.val_fraction"),
+        ({"scheme": "ada", "labeled_fraction": 0.001}, "partition.labeled_fraction"),
+        ({"scheme": "iid", "bogus_knob": 1}, "partition.bogus_knob"),
+    ],
+)
+def test_paper_bad_arguments(overrides, key):
+    defaults = {"ada": {"val_fraction": 0.2, "labeled_fraction": 0.1}}.get(overrides["scheme"], {})
+    with pytest.raises(ValueError) as info:
+        build(**{**defaults, **overrides})
+    msg = str(info.value)
+    assert msg.startswith(key + "="), msg
+    value = overrides[key.split(".")[1]]
+    assert repr(value) in msg
+
+
+def test_config_validate_checks_paper_knobs():
+    from fedjax_semi.config import ConfigError, PartitionConfig, check_partition
+
+    check_partition(PartitionConfig(scheme="cfsl"))
+    with pytest.raises(ConfigError, match=r"^partition\.ada_zeta=2\.0"):
+        check_partition(PartitionConfig(scheme="ada", ada_zeta=2.0))
+    with pytest.raises(ConfigError, match=r"^partition\.scheme='zipf'"):
+        check_partition(PartitionConfig(scheme="zipf"))

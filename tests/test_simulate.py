@@ -102,3 +102,25 @@ def test_early_stopping_on_patience(tmp_path):
     cfg = compose_config("algorithm=fedavg", "rounds=60", "algorithm.lr=1e-9", "stop.patience=2")
     summary = experiment.run(experiment.build(cfg), tmp_path)
     assert summary["rounds_completed"] < 60 and "no improvement" in summary["stop_reason"]
+
+
+@pytest.mark.parametrize(
+    "partition", ["cfsl", "subset", "ada", "um_pfssl"], ids=lambda p: f"partition={p}"
+)
+def test_paper_partitions_run_end_to_end(partition, tmp_path):
+    """Each paper's partition builds FederatedData (transforms applied) and trains a round."""
+    cfg = compose_config(
+        "algorithm=fedavg",
+        f"partition={partition}",
+        "rounds=1",
+        "partition.min_client_size=5",
+        *(["partition.train_per_class=20", "partition.target_per_class=10",
+           "partition.test_per_class=5"] if partition == "subset" else []),
+        *(["num_clients=6", "clients_per_round=2"] if partition == "cfsl" else []),
+    )  # fmt: skip
+    exp = experiment.build(cfg)
+    summary = experiment.run(exp, tmp_path)
+    assert summary["rounds_completed"] == 1 and summary["final"]["accuracy"] is not None
+    if partition == "cfsl":  # the second cluster sees permuted labels
+        lm = exp.partition.assignments["label_map"]
+        assert (lm != lm[0]).any()

@@ -256,14 +256,14 @@ def check_partition(p: PartitionConfig) -> None:
 def validate(cfg: Config) -> None:
     """Check every value a run needs before any data is loaded."""
     from fedjax_semi.algorithms import algorithm_names
-    from fedjax_semi.data.sources import dataset_names
+    from fedjax_semi.data.sources import dataset_names, is_known_dataset
     from fedjax_semi.models.zoo import model_names
 
     a, p, h = cfg.algorithm, cfg.partition, cfg.hardware
     if a.name not in algorithm_names():
         raise bad("algorithm.name", a.name, f"one of {algorithm_names()}")
-    if cfg.dataset.name not in dataset_names():
-        raise bad("dataset.name", cfg.dataset.name, f"one of {dataset_names()}")
+    if not is_known_dataset(cfg.dataset.name):
+        raise bad("dataset.name", cfg.dataset.name, f"one of {dataset_names()} or tfds:NAME")
     if cfg.model.name not in model_names():
         raise bad("model.name", cfg.model.name, f"one of {model_names()}")
     if cfg.num_clients < 1:

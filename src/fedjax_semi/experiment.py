@@ -6,10 +6,12 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
+
 from fedjax_semi.algorithms import Algorithm, make_algorithm
 from fedjax_semi.config import Config, bad, parse_chunk, validate
 from fedjax_semi.data.federated import FederatedData, build_federated
-from fedjax_semi.data.partition import Partition, build_partition
+from fedjax_semi.data.partition import Partition, apply_client_transforms, build_partition
 from fedjax_semi.data.sources import ArrayDataset, load_dataset
 from fedjax_semi.engine.simulate import Runner, simulate
 from fedjax_semi.models.zoo import Model, make_model
@@ -59,6 +61,26 @@ def make_partition(cfg: Config, ds: ArrayDataset) -> Partition:
     return build_partition(ds, num_clients=cfg.num_clients, seed=cfg.seed, **knobs)
 
 
+def client_views(ds: ArrayDataset, part: Partition):
+    """(x_train, y_train, x_test, y_test) as the clients see them: per-client label maps and
+    rotations of the partition (CFSL's clusters, CoFED's task labels) applied."""
+    if not {"label_map", "rotation"} & set(part.assignments):
+        return ds.x_train, ds.y_train, ds.x_test, ds.y_test
+    n = len(ds.x_train)
+    x, y = apply_client_transforms(
+        np.concatenate([ds.x_train, ds.x_test]), np.concatenate([ds.y_train, ds.y_test]), part
+    )
+    return x[:n], y[:n], x[n:], y[n:]
+
+
+def num_classes(ds: ArrayDataset, part: Partition) -> int:
+    """Classes the model predicts: the dataset's, or the task labels of a label map."""
+    label_map = part.assignments.get("label_map")
+    if label_map is None or np.size(label_map) == 0:
+        return ds.num_classes
+    return max(int(np.max(label_map)) + 1, 1)
+
+
 def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
     """Validate, load, partition and construct everything a run needs (no training yet)."""
     validate(cfg)
@@ -68,12 +90,12 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
     else:
         ds = load_dataset(d.name, d.data_dir, vocab_size=d.vocab_size, seq_len=d.seq_len)
     part = make_partition(cfg, ds)
-    fed = build_federated(ds.x_train, ds.y_train, ds.x_test, ds.y_test, part, ds.num_classes)
+    fed = build_federated(*client_views(ds, part), part, num_classes(ds, part))
     m = cfg.model
     model = make_model(
         m.name,
         ds.x_train.shape[1:],
-        ds.num_classes,
+        fed.num_classes,
         mean=ds.mean,
         std=ds.std,
         width=m.width,
@@ -83,6 +105,7 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
         norm=m.norm,
         embed_dim=m.embed_dim,
         vocab_size=ds.vocab_size,
+        input_kind=ds.kind,
     )
     alg = make_algorithm(
         cfg.algorithm.name,

@@ -67,6 +67,7 @@ class FedAvgFamily:
     primary: str = "labeled"  # the role local epochs run over
     oracle: bool = False
     pseudo_labels: bool = False
+    fixmatch: bool = False  # FixMatch augmentations in the pseudo-label loss
     roles: tuple[str, ...] = ("labeled", "unlabeled", "test")
 
     def __post_init__(self) -> None:
@@ -79,6 +80,7 @@ class FedAvgFamily:
             prox_mu=c.prox_mu,
             pl_weight=c.pl_weight if self.pseudo_labels else 0.0,
             pl_threshold=c.pl_threshold,
+            fixmatch=self.fixmatch,
         )
         template = jax.eval_shape(self.model.init, self.seed_key)
         self.mask = aggregate.share_mask(template, c.shared)
@@ -241,6 +243,47 @@ def fedprox(cfg: AlgorithmConfig, **kw) -> FedAvgFamily:
 def fedavg_pl(cfg: AlgorithmConfig, **kw) -> FedAvgFamily:
     _check(cfg, "fedavg_pl", pl_weight=(lambda v: v > 0, "a number > 0"))
     return FedAvgFamily(cfg, name="fedavg_pl", pseudo_labels=True, **kw)
+
+
+def _fixmatch(name: str, shared: str, prox: bool):
+    """FixMatch local training on D^s / D^u with FedAvg, FedProx or a shared-leaf mask."""
+
+    def factory(cfg: AlgorithmConfig, **kw) -> FedAvgFamily:
+        req = {
+            "shared": (lambda v: v == shared, f"{shared!r}"),
+            "pl_weight": (lambda v: v > 0, "a number > 0"),
+        }
+        if prox:
+            req["prox_mu"] = (lambda v: v > 0, "a number > 0")
+        _check(cfg, name, **req)
+        return FedAvgFamily(cfg, name=name, pseudo_labels=True, fixmatch=True, **kw)
+
+    register(name)(factory)
+
+
+# The semi-supervised baselines of UM-pFSSL's Table 1 (spec section 4): one mechanism, knobs.
+_fixmatch("fixavg", "all", prox=False)
+_fixmatch("fixprox", "all", prox=True)
+_fixmatch("fixbn", "fedbn", prox=False)
+_fixmatch("fedper", "fedper", prox=False)
+_fixmatch("lg_fedavg", "lg", prox=False)
+
+
+def _supervised(name: str, shared: str, prox: bool):
+    """FedAvg on every training label with a proximal term or a shared-leaf mask."""
+
+    def factory(cfg: AlgorithmConfig, **kw) -> FedAvgFamily:
+        req = {"shared": (lambda v: v == shared, f"{shared!r}")}
+        if prox:
+            req["prox_mu"] = (lambda v: v > 0, "a number > 0")
+        _check(cfg, name, **req)
+        return FedAvgFamily(cfg, name=name, primary="train", oracle=True, **kw)
+
+    register(name)(factory)
+
+
+_supervised("fedprox_sl", "all", prox=True)
+_supervised("fedbn_sl", "fedbn", prox=False)
 
 
 @register("local")

@@ -40,6 +40,8 @@ def cmd_list() -> int:
         except sources.DatasetNotFoundError as e:
             looked = ", ".join(str(d) for d in e.looked_in) or str(e).splitlines()[0]
             print(f"{name:<{width}}  missing  looked in: {looked}")
+        except ValueError as e:  # e.g. a malformed file: report it, keep listing
+            print(f"{name:<{width}}  error    {str(e).splitlines()[0]}")
     has_tfds = importlib.util.find_spec("tensorflow_datasets") is not None
     state = "installed" if has_tfds else "not installed: pip install 'fedjax-semi[tfds]'"
     pattern = f"{sources.TFDS_PREFIX}NAME"
@@ -108,14 +110,13 @@ def _compose(overrides: list[str]) -> Any:
     return cfg
 
 
-def partition_table(part: Any, labels: np.ndarray, num_classes: int) -> str:
+def partition_table(part: Any, labels: np.ndarray) -> str:
     """A fixed-width table: one row per client (sample counts per role and the number of
     classes in its training data), then total/min/median/max rows.
 
     Args:
       part: a :class:`~fedjax_semi.data.partition.Partition`.
       labels: ``int [N]`` labels of ``concat(train, test)`` (what partition indices index).
-      num_classes: number of classes.
     """
     roles = list(part.clients)
     counts = part.counts()
@@ -136,11 +137,16 @@ def partition_table(part: Any, labels: np.ndarray, num_classes: int) -> str:
         "max": table.max(axis=0),
     }
     for label, values in stats.items():
-        cells = [f"{v:>{w}g}" for v in values]
+        cells = [f"{_fmt(v):>{w}}" for v in values]
         if label == "total":
             cells[-1] = f"{'':>{w}}"  # a sum of per-client class counts means nothing
         lines.append(f"{label:>8}" + "".join(cells))
     return "\n".join(lines)
+
+
+def _fmt(v: float) -> str:
+    # Medians of an even number of clients can be x.5; everything else is a whole count.
+    return str(int(v)) if float(v).is_integer() else f"{float(v):.1f}"
 
 
 def _train_indices(part: Any) -> list[np.ndarray]:
@@ -211,7 +217,7 @@ def cmd_describe(overrides: list[str], out: Path) -> int:
         + f", labeled_fraction={p.labeled_fraction}, seed={cfg.seed}"
     )
     print(title)
-    print(partition_table(part, labels, ds.num_classes))
+    print(partition_table(part, labels))
     out.mkdir(parents=True, exist_ok=True)
     train, test = class_histograms(part, labels, ds.num_classes)
     plot_heatmap(train, test, out / "partition.png", title)

@@ -116,6 +116,9 @@ def build_federated(
         if role in LABELED_ROLES:
             flat = np.concatenate(lists) if lists else np.zeros(0, np.int64)
             y[flat] = eval_y[flat]
+    for name, idx in partition.server.items():
+        if name in LABELED_ROLES:  # e.g. Ada-FedSemi's labeled server validation set
+            y[idx] = eval_y[idx]
     if "labeled" in partition.clients and "unlabeled" in partition.clients:
         # Every training example of a client, for the fully supervised references.
         train = [

@@ -575,6 +575,16 @@ def load_tfds(tfds_name: str, data_dir: str | None = None) -> ArrayDataset:
                 f"(dataset {name!r}).\n{_tfds_hint(data_dir)}"
             )
         data_dir = str(root)
+        # TFDS keeps NAME[/CONFIG]/VERSION/ under data_dir; checking NAME first gives a clear
+        # message and keeps TFDS from creating empty variant folders there.
+        folder = root / tfds_name.split(":")[0].split("/")[0]
+        if not folder.is_dir():
+            err = DatasetNotFoundError(
+                f"dataset {name!r} not found: no folder {folder} (a prepared TFDS dataset).\n"
+                f"{_tfds_hint(data_dir)}"
+            )
+            err.looked_in = (folder,)
+            raise err
     try:
         arrays, num_classes = images.read_tfds(tfds_name, data_dir)
     except ImportError as e:
@@ -591,7 +601,47 @@ def load_tfds(tfds_name: str, data_dir: str | None = None) -> ArrayDataset:
     return _make(name, num_classes=num_classes, **arrays)
 
 
+# Text and tabular loaders live in their own modules (which import this one); these wrappers
+# keep the full signatures, since load_dataset passes options by inspecting them.
+def load_dbpedia(
+    data_dir: str | None = None, vocab_size: int = 20000, seq_len: int = 128
+) -> ArrayDataset:
+    """DBPedia-14 from its CSV release (tokens)."""
+    from fedjax_semi.data.text import load_dbpedia as load
+
+    return load(data_dir, vocab_size, seq_len)
+
+
+def load_ag_news(
+    data_dir: str | None = None, vocab_size: int = 20000, seq_len: int = 128
+) -> ArrayDataset:
+    """AG News from its CSV release (tokens)."""
+    from fedjax_semi.data.text import load_ag_news as load
+
+    return load(data_dir, vocab_size, seq_len)
+
+
+def load_imdb(
+    data_dir: str | None = None, vocab_size: int = 20000, seq_len: int = 128
+) -> ArrayDataset:
+    """IMDB from the aclImdb folder layout (tokens)."""
+    from fedjax_semi.data.text import load_imdb as load
+
+    return load(data_dir, vocab_size, seq_len)
+
+
+def load_adult(data_dir: str | None = None) -> ArrayDataset:
+    """UCI Adult (one-hot categorical + standardized numeric features)."""
+    from fedjax_semi.data.tabular import load_adult as load
+
+    return load(data_dir)
+
+
 DATASETS: dict[str, Callable[..., ArrayDataset]] = {
+    "dbpedia": load_dbpedia,
+    "ag_news": load_ag_news,
+    "imdb": load_imdb,
+    "adult": load_adult,
     "fashion_mnist": load_fashion_mnist,
     "mnist": load_mnist,
     "digits": load_digits,

@@ -20,6 +20,7 @@ from fedjax_semi.data.federated import RoleTable
 from fedjax_semi.models.zoo import Model
 
 PyTree = Any
+AUGMENT_STREAM = 7919  # folded into a step's key for augmentation draws
 
 
 # ----------------------------------------------------------------------------- losses
@@ -148,21 +149,33 @@ class LocalObjective:
     prox_mu: FedProx's (mu / 2) ||w - w_anchor||^2.
     pl_weight, pl_threshold: CE on the client's own confident pseudo-labels (argmax of the
         model's deterministic prediction at the current step, stop-gradient) of unlabeled inputs.
+    fixmatch: FixMatch's augmentations: labeled inputs and the teacher see weak(x), the student
+        sees strong(x) of the unlabeled inputs (Sohn et al. 2020).
     """
 
     model: Model
     prox_mu: float = 0.0
     pl_weight: float = 0.0
     pl_threshold: float = 0.95
+    fixmatch: bool = False
 
     def __call__(self, params, model_state, batch: dict, rng, anchor, pl_on):
         variables = {"params": params, **model_state}
         x, y, valid = batch["x"], batch["y"], batch["valid"]
         use_pl = self.pl_weight > 0 and "ux" in batch
+        ux_teacher = ux_student = batch.get("ux")
+        if self.fixmatch:
+            from fedjax_semi.engine import augment
+
+            k_l, k_w, k_s = jax.random.split(jax.random.fold_in(rng, AUGMENT_STREAM), 3)
+            x = augment.augment_batch(augment.weak, x, k_l)
+            if use_pl:
+                ux_teacher = augment.augment_batch(augment.weak, batch["ux"], k_w)
+                ux_student = augment.augment_batch(augment.strong, batch["ux"], k_s)
         if use_pl:
             # One forward over labeled and unlabeled inputs, so BatchNorm sees both (FixMatch).
             logits_all, new_state = self.model.apply(
-                variables, jnp.concatenate([x, batch["ux"]]), train=True, rng=rng
+                variables, jnp.concatenate([x, ux_student.astype(x.dtype)]), train=True, rng=rng
             )
             logits, ulogits = logits_all[: x.shape[0]], logits_all[x.shape[0] :]
         else:
@@ -170,7 +183,7 @@ class LocalObjective:
         loss = masked_mean(cross_entropy(logits, y), valid & (y >= 0))
         aux = {"pl_rate": jnp.zeros(())}
         if use_pl:
-            teacher, _ = self.model.apply(jax.lax.stop_gradient(variables), batch["ux"])
+            teacher, _ = self.model.apply(jax.lax.stop_gradient(variables), ux_teacher)
             probs = jax.nn.softmax(teacher)
             confident = (jnp.max(probs, -1) >= self.pl_threshold) & batch["uvalid"] & pl_on
             pseudo = jnp.argmax(probs, -1)
