@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import SMALL, compose_config
@@ -124,3 +125,28 @@ def test_paper_partitions_run_end_to_end(partition, tmp_path):
     if partition == "cfsl":  # the second cluster sees permuted labels
         lm = exp.partition.assignments["label_map"]
         assert (lm != lm[0]).any()
+
+
+def test_cross_dataset_server_pool(tmp_path):
+    """Ada-FedSemi's cross-dataset variant: a second dataset (here MNIST in IDX files, resized
+    from 28x28 to digits' 8x8) replaces the server's unlabeled pool; its labels stay unknown."""
+    from fedjax_semi.data.sources import write_idx
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 30), ("t10k", 10)):
+        write_idx(
+            tmp_path / f"{split}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), np.uint8)
+        )
+        write_idx(tmp_path / f"{split}-labels-idx1-ubyte", rng.integers(0, 10, n).astype(np.uint8))
+    cfg = compose_config(
+        "algorithm=fedavg", "partition=ada", "dataset.server_pool=mnist",
+        f"dataset.server_pool_dir={tmp_path}", "dataset.server_pool_size=20",
+    )  # fmt: skip
+    exp = experiment.build(cfg)
+    pool = np.asarray(exp.fed.server["server_unlabeled"])
+    assert len(pool) == 20 and pool.min() >= len(exp.dataset.x_train) + len(exp.dataset.x_test)
+    assert exp.fed.x.shape[1:] == (8, 8, 1)
+    assert (np.asarray(exp.fed.eval_y)[pool] == -1).all()
+    bad = compose_config("algorithm=fedavg", "dataset.server_pool=mnist")
+    with pytest.raises(ValueError, match="dataset.server_pool"):
+        experiment.build(bad)

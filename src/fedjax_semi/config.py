@@ -63,6 +63,11 @@ class AlgorithmConfig:
 class DatasetConfig:
     name: str = "fashion_mnist"
     data_dir: str | None = None
+    # Cross-dataset variants (Ada-FedSemi 4.3, CoFED's public set): the train images of this
+    # second dataset, resized to the first's shape, replace the server's unlabeled/public pool.
+    server_pool: str | None = None
+    server_pool_dir: str | None = None
+    server_pool_size: int = 0  # random subset of the second dataset (0 = all of it)
     # Text datasets: vocabulary size (incl. padding and unknown ids) and sequence length.
     vocab_size: int = 20000
     seq_len: int = 128

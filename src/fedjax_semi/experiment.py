@@ -73,6 +73,50 @@ def client_views(ds: ArrayDataset, part: Partition):
     return x[:n], y[:n], x[n:], y[n:]
 
 
+# The server set a cross-dataset pool replaces, per partition scheme.
+SERVER_POOL_ROLE = {"ada": "server_unlabeled", "cofed": "public"}
+
+
+def server_pool(cfg: Config, ds: ArrayDataset) -> dict[str, np.ndarray] | None:
+    """{server set: images} of the cross-dataset variant (dataset.server_pool), if any."""
+    d = cfg.dataset
+    if not d.server_pool:
+        return None
+    scheme = cfg.partition.scheme
+    if scheme not in SERVER_POOL_ROLE:
+        raise bad(
+            "dataset.server_pool",
+            d.server_pool,
+            f"null for partition.scheme={scheme!r}; a second dataset is used by the schemes "
+            f"{sorted(SERVER_POOL_ROLE)}",
+        )
+    other = load_dataset(d.server_pool, d.server_pool_dir)
+    x = other.x_train
+    if "x_unlabeled" in other.extra:  # STL-10's unlabeled split belongs in a server pool
+        x = np.concatenate([x, np.asarray(other.extra["x_unlabeled"])])
+    if d.server_pool_size:
+        rng = np.random.default_rng([cfg.seed, 7])
+        x = x[np.sort(rng.choice(len(x), min(d.server_pool_size, len(x)), replace=False))]
+    return {SERVER_POOL_ROLE[scheme]: resize_images(x, ds.x_train.shape[1:])}
+
+
+def resize_images(x: np.ndarray, shape: tuple[int, ...], batch: int = 2048) -> np.ndarray:
+    """uint8 [N, h, w, c] -> uint8 [N, *shape]: bilinear resize, grey <-> RGB by mean/repeat."""
+    import jax
+
+    h, w, c = shape
+    if x.shape[-1] != c:
+        x = x.mean(-1, keepdims=True) if c == 1 else np.repeat(x[..., :1], c, axis=-1)
+    if x.shape[1:3] == (h, w):
+        return np.asarray(x, np.uint8)
+    out = [
+        np.asarray(jax.image.resize(np.asarray(x[i : i + batch], np.float32),
+                                    (len(x[i : i + batch]), h, w, c), "linear"))
+        for i in range(0, len(x), batch)
+    ]  # fmt: skip
+    return np.clip(np.round(np.concatenate(out)), 0, 255).astype(np.uint8)
+
+
 def num_classes(ds: ArrayDataset, part: Partition) -> int:
     """Classes the model predicts: the dataset's, or the task labels of a label map."""
     label_map = part.assignments.get("label_map")
@@ -90,7 +134,9 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
     else:
         ds = load_dataset(d.name, d.data_dir, vocab_size=d.vocab_size, seq_len=d.seq_len)
     part = make_partition(cfg, ds)
-    fed = build_federated(*client_views(ds, part), part, num_classes(ds, part))
+    fed = build_federated(
+        *client_views(ds, part), part, num_classes(ds, part), server_pool(cfg, ds)
+    )
     m = cfg.model
     model = make_model(
         m.name,

@@ -104,10 +104,19 @@ def build_federated(
     y_test: np.ndarray,
     partition: Partition,
     num_classes: int,
+    server_extra: dict[str, np.ndarray] | None = None,
 ) -> FederatedData:
-    """Put the data on the device once and index it per client and role."""
-    x = np.concatenate([x_train, x_test])
-    eval_y = np.concatenate([y_train, y_test]).astype(np.int32)
+    """Put the data on the device once and index it per client and role.
+
+    server_extra: server sets made of other inputs (a second dataset's images for a
+    cross-dataset pool), appended after the test split; they replace the partition's set of
+    that name and their labels are unknown (-1).
+    """
+    extra = server_extra or {}
+    x = np.concatenate([x_train, x_test, *extra.values()])
+    eval_y = np.concatenate(
+        [y_train, y_test, *(np.full(len(v), -1) for v in extra.values())]
+    ).astype(np.int32)
     y = np.full_like(eval_y, -1)
     roles = {}
     for role, lists in partition.clients.items():
@@ -134,6 +143,10 @@ def build_federated(
         flat = np.concatenate(partition.clients["test"]) if partition.clients["test"] else []
         test_in_global = bool(np.isin(flat, partition.server["test_global"]).all())
     server = {k: jnp.asarray(v.astype(np.int32)) for k, v in partition.server.items()}
+    start = len(x_train) + len(x_test)
+    for name, xs in extra.items():
+        server[name] = jnp.arange(start, start + len(xs), dtype=jnp.int32)
+        start += len(xs)
     return FederatedData(
         x=jnp.asarray(x),
         y=jnp.asarray(y),
