@@ -72,12 +72,14 @@ def _locate_adult(data_dir: str | None) -> Path:
         if (d / "adult.data").is_file() and (d / "adult.test").is_file():
             return d
     looked = "\n".join(f"  - {d}{'' if d.is_dir() else ' (missing)'}" for d in dirs)
-    raise DatasetNotFoundError(
+    err = DatasetNotFoundError(
         f"dataset 'adult' not found. Looked in:\n{looked}\n"
         "Expected files (both in one directory): adult.data, adult.test.\n"
         f"To get it: download them from the UCI Adult dataset ({ADULT_URL}) into a "
         f"directory and set ${ENV_VAR} to it (or pass data_dir)."
     )
+    err.looked_in = tuple(dirs)
+    raise err
 
 
 def _encode_adult(

@@ -163,12 +163,14 @@ def _make_text_dataset(
 
 def _not_found(name: str, dirs: list[Path], expected: str, source: str) -> DatasetNotFoundError:
     looked = "\n".join(f"  - {d}{'' if d.is_dir() else ' (missing)'}" for d in dirs)
-    return DatasetNotFoundError(
+    err = DatasetNotFoundError(
         f"dataset {name!r} not found. Looked in:\n{looked}\n"
         f"Expected files: {expected}.\n"
         f"To get it: download {source}, extract it into a directory and set ${ENV_VAR} to "
         "that directory (or pass data_dir)."
     )
+    err.looked_in = tuple(dirs)
+    return err
 
 
 # ----------------------------------------------------------------------------- CSV releases
