@@ -235,3 +235,45 @@ def test_any_optax_optimizer_trains(name):
 def test_unknown_optimizer_names_the_key():
     with pytest.raises(ValueError, match=r"algorithm.optimizer='nope'.*sgd"):
         train.make_optimizer("nope", 0.1)
+
+
+def test_masked_batchnorm_equals_bn_on_the_valid_rows_ac11():
+    from fedjax_semi.models.zoo import make_model
+
+    model = make_model("resnet9", (8, 8, 1), 4, width=0.0625)
+    v = model.init(jax.random.PRNGKey(0))
+    x = jax.random.randint(jax.random.PRNGKey(1), (6, 8, 8, 1), 0, 255).astype(jnp.uint8)
+    mask = jnp.asarray([True, True, False, True, False, True])
+    masked, s1 = model.apply(v, x, train=True, mask=mask)
+    subset, s2 = model.apply(v, x[mask], train=True)
+    np.testing.assert_allclose(masked[mask], subset, atol=1e-4)
+    for a, b in zip(jax.tree.leaves(s1), jax.tree.leaves(s2), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    unmasked, s3 = model.apply(v, x, train=True)
+    assert float(jnp.abs(unmasked[mask] - subset).max()) > 1e-4  # the mask matters
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet9"])
+def test_padding_does_not_change_training_ac12(name):
+    """A client padded to a wider table trains to the same parameters (same keys)."""
+    from fedjax_semi.models.zoo import make_model
+
+    model = make_model(name, (8, 8, 1), 4, hidden=(16,), width=0.0625)
+    variables = model.init(jax.random.PRNGKey(0))
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.integers(0, 255, size=(40, 8, 8, 1)), jnp.uint8)
+    y = jnp.asarray(rng.integers(0, 4, size=40), jnp.int32)
+    own = rng.permutation(40)[:10]
+    tx = optax.sgd(0.1, momentum=0.9)
+    results = []
+    for n_max in (10, 13, 24):
+        idx = jnp.asarray(np.r_[own, np.zeros(n_max - 10, int)], jnp.int32)
+        new, _, _ = train.local_train(
+            train.LocalObjective(model), tx, variables, tx.init(variables["params"]), x, y,
+            RoleTable(idx, jnp.int32(10)), train.Schedule(4, 2, 0),
+            jax.random.PRNGKey(3), jax.random.PRNGKey(4),
+        )  # fmt: skip
+        results.append(new)
+    for other in results[1:]:
+        for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(other), strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)

@@ -296,7 +296,7 @@ class UMPFSSL(FedAvgFamily):
         """(mu CE(labeled) + (1 - mu) KL(y_hat || f_w)) summed over the batch / n_valid (2.7).
         Labeled targets are one-hot, for which KL equals CE."""
         logits, new_state = self.model.apply(
-            {"params": params, **model_state}, batch["x"], train=True, rng=rng
+            {"params": params, **model_state}, batch["x"], train=True, rng=rng, mask=batch["valid"]
         )
         per = kl_divergence(logits, batch["target"]) * batch["weight"]
         return masked_mean(per, batch["valid"]), (new_state, {"pl_rate": jnp.zeros(())})

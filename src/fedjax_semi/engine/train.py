@@ -119,9 +119,14 @@ def batch_positions(
         keys = jax.random.split(key, schedule.epochs)
         # Valid entries first, in random order; padding last.
         slot = jnp.arange(n_max)
-        perms = jax.vmap(
-            lambda k: jnp.argsort(jnp.where(slot < count, jax.random.uniform(k, (n_max,)), 2.0))
-        )(keys)
+
+        # One draw per slot, keyed on the slot: the order of a client's valid entries does not
+        # depend on how far its row is padded (padding invariance, UM-pFSSL AC12).
+        def perm(k):
+            u = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(k, i)))(slot)
+            return jnp.argsort(jnp.where(slot < count, u, 2.0))
+
+        perms = jax.vmap(perm)(keys)
         pad = spe * b - n_max
         perms = jnp.pad(perms, ((0, 0), (0, pad)))
         valid = jnp.pad(slot < count, (0, pad))
@@ -175,11 +180,15 @@ class LocalObjective:
         if use_pl:
             # One forward over labeled and unlabeled inputs, so BatchNorm sees both (FixMatch).
             logits_all, new_state = self.model.apply(
-                variables, jnp.concatenate([x, ux_student.astype(x.dtype)]), train=True, rng=rng
+                variables,
+                jnp.concatenate([x, ux_student.astype(x.dtype)]),
+                train=True,
+                rng=rng,
+                mask=jnp.concatenate([valid, batch["uvalid"]]),
             )
             logits, ulogits = logits_all[: x.shape[0]], logits_all[x.shape[0] :]
         else:
-            logits, new_state = self.model.apply(variables, x, train=True, rng=rng)
+            logits, new_state = self.model.apply(variables, x, train=True, rng=rng, mask=valid)
         loss = masked_mean(cross_entropy(logits, y), valid & (y >= 0))
         aux = {"pl_rate": jnp.zeros(())}
         if use_pl:

@@ -129,12 +129,14 @@ class ConvBN(nn.Module):
     conv_impl: str = "im2col"
 
     @nn.compact
-    def __call__(self, x: Array, train: bool) -> Array:
+    def __call__(self, x: Array, train: bool, mask: Array | None = None) -> Array:
         """x ``[B, H, W, Cin]`` -> ``[B, H, W, features]``."""
         x = Conv(self.features, (3, 3), "SAME", use_bias=False, impl=self.conv_impl)(x)
         if self.norm == "batch":
             # flax momentum 0.9 == PyTorch momentum 0.1 (the Myrtle/DAWNBench setting).
-            x = nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5)(x)
+            # mask [B, 1, 1, 1]: padded rows of a batch stay out of the batch statistics.
+            bn = nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5)
+            x = bn(x, mask=mask if train else None)
         return x
 
 
@@ -167,28 +169,42 @@ class ResNet9(nn.Module):
         self.drop_b = Dropout(self.dropout)
         self.head = nn.Dense(self.num_classes)
 
-    def prefix(self, x: Array, train: bool = False) -> tuple[Array, Array]:
+    def prefix(
+        self, x: Array, train: bool = False, mask: Array | None = None
+    ) -> tuple[Array, Array]:
         """x ``[B, H, W, C]`` -> ``(skip, a)``: layer3 output and BN(res2a conv), both
         ``[B, H/8, W/8, 512*width]`` (floor division at each pool)."""
-        h = nn.relu(self.prep(x, train))
-        h = max_pool(nn.relu(self.layer1(h, train)), 2)
-        r = nn.relu(self.res1a(h, train))
-        h = h + nn.relu(self.res1b(r, train))
-        h = max_pool(nn.relu(self.layer2(h, train)), 2)
-        h = max_pool(nn.relu(self.layer3(h, train)), 2)
-        return h, self.res2a(h, train)
+        m = None if mask is None else mask.reshape(-1, 1, 1, 1)
+        h = nn.relu(self.prep(x, train, m))
+        h = max_pool(nn.relu(self.layer1(h, train, m)), 2)
+        r = nn.relu(self.res1a(h, train, m))
+        h = h + nn.relu(self.res1b(r, train, m))
+        h = max_pool(nn.relu(self.layer2(h, train, m)), 2)
+        h = max_pool(nn.relu(self.layer3(h, train, m)), 2)
+        return h, self.res2a(h, train, m)
 
-    def suffix(self, skip: Array, a: Array, train: bool = False, mc: bool = False) -> Array:
+    def suffix(
+        self,
+        skip: Array,
+        a: Array,
+        train: bool = False,
+        mc: bool = False,
+        mask: Array | None = None,
+    ) -> Array:
         """``(skip, a)`` from :meth:`prefix` -> logits ``[B, num_classes]``."""
         active = train or mc
+        m = None if mask is None else mask.reshape(-1, 1, 1, 1)
         r = nn.relu(self.drop_a(a, active))
-        r = nn.relu(self.drop_b(self.res2b(r, train), active))
+        r = nn.relu(self.drop_b(self.res2b(r, train, m), active))
         return self.head(global_max_pool(skip + r))
 
-    def __call__(self, x: Array, train: bool = False, mc: bool = False) -> Array:
-        """x ``[B, H, W, C]`` float -> logits ``[B, num_classes]``."""
-        skip, a = self.prefix(x, train)
-        return self.suffix(skip, a, train, mc)
+    def __call__(
+        self, x: Array, train: bool = False, mc: bool = False, mask: Array | None = None
+    ) -> Array:
+        """x ``[B, H, W, C]`` float -> logits ``[B, num_classes]``. ``mask`` [B] (training
+        only): rows that enter the BatchNorm batch statistics."""
+        skip, a = self.prefix(x, train, mask)
+        return self.suffix(skip, a, train, mc, mask)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +266,7 @@ class Model:
         train: bool = False,
         mc: bool = False,
         rng: Array | None = None,
+        mask: Array | None = None,
     ) -> tuple[Array, dict[str, Any]]:
         """Forward pass.
 
@@ -260,6 +277,8 @@ class Model:
             train: dropout on, BatchNorm on batch stats; returns updated ``batch_stats``.
             mc: (with ``train=False``) dropout on, BatchNorm on running stats.
             rng: PRNG key for dropout; required when dropout is active and rate > 0.
+            mask: bool ``[B]`` (training with BatchNorm): the rows whose statistics BatchNorm
+                uses, so padded rows of a partial batch change nothing (UM-pFSSL AC11).
 
         Returns:
             ``(logits [B, num_classes] float32, new_model_state)``; ``new_model_state`` is
@@ -271,7 +290,7 @@ class Model:
         x = self.preprocess(x)
         if train and self.has_batch_stats:
             logits, state = self.module.apply(
-                variables, x, True, mc, rngs=rngs, mutable=["batch_stats"]
+                variables, x, True, mc, mask, rngs=rngs, mutable=["batch_stats"]
             )
             return logits.astype(jnp.float32), dict(state)
         logits = self.module.apply(variables, x, train, mc, rngs=rngs)
