@@ -17,7 +17,7 @@ EXTRA = {
     "fedprox": ["algorithm.prox_mu=0.1"],
     **{
         n: ["algorithm.pl_threshold=0.3"]
-        for n in ("fixavg", "fixprox", "fixbn", "fedper", "lg_fedavg")
+        for n in ("fixavg", "fixprox", "fixbn", "fedper", "lg_fedavg", "pfedme")
     },
 }
 
@@ -77,3 +77,11 @@ def test_cnn_chunked_matches_reference():
     for x, y in zip(a, b, strict=True):
         np.testing.assert_allclose(x["client_acc"], y["client_acc"], atol=1e-4)
         np.testing.assert_allclose(x["train_loss"], y["train_loss"], atol=1e-4)
+
+
+def test_fedavg_communication_cost_ac14():
+    """FedAvg-family cost is exactly 2 S rounds whole-model transfers; local moves nothing."""
+    for name, per_round in (("fedavg", 2 * 4), ("local", 0)):
+        exp = experiment.build(compose_config(f"algorithm={name}"))
+        rows, _ = run_rounds(exp, exp.runner(chunk=4), 3)
+        assert [int(r["comm_cost"]) for r in rows] == [per_round * t for t in (1, 2, 3)]

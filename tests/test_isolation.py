@@ -17,7 +17,7 @@ EXTRA = {
     "fedavg_pl": ["algorithm.pl_threshold=0.3", "algorithm.pl_warmup_rounds=0"],
     **{
         n: ["algorithm.pl_threshold=0.3"]
-        for n in ("fixavg", "fixprox", "fixbn", "fedper", "lg_fedavg")
+        for n in ("fixavg", "fixprox", "fixbn", "fedper", "lg_fedavg", "pfedme")
     },
 }
 

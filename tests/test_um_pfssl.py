@@ -26,7 +26,7 @@ TINY = [
     "algorithm.warmup_epochs=1",
     "algorithm.batch_size=16",
     "algorithm.lr=0.05",
-    "model.dropout=0.5",
+    "algorithm.model_dropout=0.5",
     "partition.labeled_mode=dirichlet",
 ]
 
@@ -146,6 +146,6 @@ def test_cost_does_not_rise_with_nu():
 
 def test_um_pfssl_needs_dropout_and_valid_sizes():
     with pytest.raises(ConfigError, match="model.dropout"):
-        experiment.build(compose_config(*TINY, "model.dropout=0.0"))
+        experiment.build(compose_config(*TINY, "algorithm.model_dropout=0.0"))
     with pytest.raises(ConfigError, match="algorithm.num_replace"):
         experiment.build(compose_config(*TINY, "algorithm.num_replace=3"))

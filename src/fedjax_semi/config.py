@@ -57,6 +57,14 @@ class AlgorithmConfig:
     refresh_lowest_r: bool = False  # literal Alg. 2: the R lowest slots are not refreshed
     helper_cache: str = "exact"  # exact (stale local copies) | fresh (always the latest upload)
     warmup_epochs: int = 5  # E_warm: labeled-only local epochs of every client before round 1
+    # The dropout rate this method trains with (UM-pFSSL needs MC dropout, its baselines run
+    # without), so one sweep over algorithms gives each its own; null = model.dropout.
+    model_dropout: float | None = None
+    # pFedMe (spec section 4, suggested from the pFedMe paper).
+    pfedme_lambda: float = 15.0
+    pfedme_inner_steps: int = 5  # K_in
+    pfedme_personal_lr: float = 0.01
+    pfedme_beta: float = 1.0
 
 
 @dataclass

@@ -138,6 +138,15 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
         *client_views(ds, part), part, num_classes(ds, part), server_pool(cfg, ds)
     )
     m = cfg.model
+    dropout = m.dropout
+    if cfg.algorithm.model_dropout is not None:
+        if m.dropout not in (0.0, cfg.algorithm.model_dropout):
+            raise bad(
+                "model.dropout",
+                m.dropout,
+                f"0 or algorithm.model_dropout={cfg.algorithm.model_dropout} (both are set)",
+            )
+        dropout = cfg.algorithm.model_dropout
     model = make_model(
         m.name,
         ds.x_train.shape[1:],
@@ -145,7 +154,7 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
         mean=ds.mean,
         std=ds.std,
         width=m.width,
-        dropout=m.dropout,
+        dropout=dropout,
         conv_impl=m.conv,
         hidden=tuple(m.hidden),
         norm=m.norm,

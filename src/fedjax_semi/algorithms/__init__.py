@@ -1,6 +1,6 @@
 """Algorithms by name. Importing this package registers every built-in method."""
 
-from fedjax_semi.algorithms import fedavg, um_pfssl  # noqa: F401  (register the methods)
+from fedjax_semi.algorithms import fedavg, pfedme, um_pfssl  # noqa: F401  (register methods)
 from fedjax_semi.algorithms.base import (
     ALGORITHMS,
     Algorithm,

@@ -103,7 +103,9 @@ class FedAvgFamily:
             client_vars=client_vars,
             client_opt=client_opt,
             sim_time=jnp.zeros((), jnp.float32),
-            extra={},
+            # Whole-model transfers (UM-pFSSL's unit, spec 2.9): each sampled client downloads
+            # the global model once and uploads once per round.
+            extra={"comm": {"downloads": jnp.int32(0), "uploads": jnp.int32(0)}},
         )
 
     # ------------------------------------------------------------------ one round
@@ -169,11 +171,15 @@ class FedAvgFamily:
         }
         if self.pseudo_labels:
             metrics["pl_rate"] = jnp.sum(out["pl_rate"] * steps) / jnp.maximum(jnp.sum(steps), 1.0)
+        moved = cohort.shape[0] if self.has_global_model else 0
+        comm = {k: v + moved for k, v in state.extra["comm"].items()}
+        metrics["comm_cost"] = comm["downloads"] + comm["uploads"]
         new_state = state.replace(
             round=state.round + 1,
             global_vars=new_global,
             client_vars=client_vars,
             client_opt=client_opt,
+            extra={**state.extra, "comm": comm},
         )
         return new_state, metrics
 
