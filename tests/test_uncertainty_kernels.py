@@ -235,3 +235,19 @@ def test_sample_excluding_never_returns_excluded():
 def test_lowest_mask():
     m = selection.lowest_mask(jnp.asarray([[3.0, 1.0, 2.0, 1.0]]), 2)
     np.testing.assert_array_equal(m, [[False, True, False, True]])
+
+
+def test_blockwise_mc_matches_whole_rows_and_ignores_padding():
+    model, v = resnet(0.5)
+    x = jax.random.randint(jax.random.PRNGKey(1), (40, 8, 8, 1), 0, 255).astype(jnp.uint8)
+    idx = jnp.arange(20)
+    key = jax.random.PRNGKey(7)
+    p, h = uncertainty.mc_predict_rows(model, v, x, idx, jnp.int32(20), key, 3, block=20)
+    ref_p, ref_h = uncertainty.mc_predict(model, v, x[idx], jax.random.fold_in(key, 0), 3)
+    np.testing.assert_allclose(p, ref_p, atol=1e-6)
+    np.testing.assert_allclose(h, ref_h, atol=1e-6)
+    # Padding the row (same block size) leaves the valid rows unchanged; padded rows are 0.
+    padded = jnp.concatenate([idx, jnp.zeros(25, jnp.int32)])
+    p2, h2 = uncertainty.mc_predict_rows(model, v, x, padded, jnp.int32(20), key, 3, block=20)
+    np.testing.assert_allclose(p2[:20], p, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(p2)[40:], 0.0)

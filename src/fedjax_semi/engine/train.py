@@ -241,7 +241,7 @@ def local_train(
     anchor = variables["params"] if anchor is None else anchor
     model_state = {k: v for k, v in variables.items() if k != "params"}
 
-    def step(carry, s):
+    def sgd_step(carry, s):
         params, mstate, opt = carry
         ids = table.idx[s["pos"]]
         batch = {"x": data_x[ids], "y": data_y[ids], "valid": s["valid"]}
@@ -254,11 +254,16 @@ def local_train(
         )
         updates, new_opt = tx.update(grads, opt, params)
         new_params = optax.apply_updates(params, updates)
-        # A step with no valid example leaves the client as it was (momentum included).
+        return (new_params, new_mstate, new_opt), (loss, aux["pl_rate"])
+
+    def step(carry, s):
+        # A step with no valid example leaves the client as it was (momentum included). A
+        # client mapped on its own (chunk=1) skips such steps; under vmap both branches run
+        # and the select keeps the old state.
         active = jnp.any(s["valid"])
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(active, a, b), new, old)
-        carry = (keep(new_params, params), keep(new_mstate, mstate), keep(new_opt, opt))
-        return carry, (loss * active, active, aux["pl_rate"] * active)
+        skip = lambda carry, s: (carry, (jnp.zeros(()), jnp.zeros(())))
+        carry, (loss, pl) = jax.lax.cond(active, sgd_step, skip, carry, s)
+        return carry, (loss * active, active, pl * active)
 
     (params, model_state, opt_state), (losses, active, pl_rate) = jax.lax.scan(
         step, (variables["params"], model_state, opt_state), xs

@@ -65,6 +65,45 @@ def mc_predict(
     return predictive_entropy(mc_logits(model, variables, x, keys))
 
 
+def mc_predict_rows(
+    model: Model,
+    variables: PyTree,
+    data_x: jax.Array,
+    idx: jax.Array,
+    count: jax.Array,
+    key: jax.Array,
+    num_samples: int,
+    block: int = 128,
+) -> tuple[jax.Array, jax.Array]:
+    """mc_predict over one client's padded index row idx [N] (count valid), block by block.
+
+    Blocks past the client's data are skipped when the client is mapped on its own (under
+    vmap both branches of the cond run); padded rows give p_bar 0 and entropy 0. Block b uses
+    key fold_in(key, b), so results depend on the block size but not on the padding.
+    """
+    n = idx.shape[0]
+    block = min(block, n)
+    nb = -(-n // block)
+    padded = jnp.pad(idx, (0, nb * block - n)).reshape(nb, block)
+    num_classes = jax.eval_shape(lambda: model.apply(variables, data_x[:1]))[0].shape[-1]
+
+    def one(args):
+        b, ids = args
+
+        def compute(_):
+            return mc_predict(
+                model, variables, data_x[ids], jax.random.fold_in(key, b), num_samples
+            )
+
+        def skip(_):
+            return jnp.zeros((block, num_classes)), jnp.zeros((block,))
+
+        return jax.lax.cond(b * block < count, compute, skip, None)
+
+    p_bar, ent = jax.lax.map(one, (jnp.arange(nb), padded))
+    return p_bar.reshape(-1, num_classes)[:n], ent.reshape(-1)[:n]
+
+
 # ----------------------------------------------------------------------------- Kernel B
 
 
@@ -125,8 +164,8 @@ def pair_stats(
     mask_u = jnp.arange(unl_idx.shape[0]) < unl_count
     mask_s = jnp.arange(lab_idx.shape[0]) < lab_count
     ku, ks = jax.random.split(key)
-    p_u, ent_u = mc_predict(model, variables, data_x[unl_idx], ku, num_samples)
-    p_s, _ = mc_predict(model, variables, data_x[lab_idx], ks, num_samples)
+    p_u, ent_u = mc_predict_rows(model, variables, data_x, unl_idx, unl_count, ku, num_samples)
+    p_s, _ = mc_predict_rows(model, variables, data_x, lab_idx, lab_count, ks, num_samples)
     stats = relation_metric(ent_u, mask_u, p_s, labels[lab_idx], mask_s, mu, p_u.shape[-1], form)
     stats["p_bar_u"] = jnp.where(mask_u[:, None], p_u, 0.0)
     stats["ent_u"] = jnp.where(mask_u, ent_u, jnp.inf)
