@@ -4,6 +4,7 @@ chunks, all at once (one vmap), or through the reference Python loop of per-clie
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -85,3 +86,33 @@ def test_fedavg_communication_cost_ac14():
         exp = experiment.build(compose_config(f"algorithm={name}"))
         rows, _ = run_rounds(exp, exp.runner(chunk=4), 3)
         assert [int(r["comm_cost"]) for r in rows] == [per_round * t for t in (1, 2, 3)]
+
+
+def test_fedavg_with_one_client_is_centralized_sgd_ac19():
+    """K = 1 with full participation: the round is exactly SGD on the pooled training data."""
+    from fedjax_semi.engine.clients import DROPOUT, SAMPLE, client_key
+    from fedjax_semi.engine.train import local_train
+
+    exp = experiment.build(
+        compose_config(
+            "algorithm=fedavg_sl", "partition=iid", "num_clients=1", "clients_per_round=1"
+        )
+    )
+    alg, runner = exp.alg, exp.runner(chunk=1)
+    state = runner.init()
+    variables = state.global_vars
+    data = exp.fed.train_view(oracle=True)
+    table = data.roles["train"].take(jnp.asarray([0]))
+    row = jax.tree.map(lambda a: a[0], table)
+    assert int(row.count) == len(exp.dataset.x_train)  # one client holds the whole train split
+    for r in range(2):
+        state, _ = runner.round(state)
+        variables, _, _ = local_train(
+            alg.objective, alg.tx, variables, alg.tx.init(variables["params"]), data.x, data.y,
+            row, alg.schedule, client_key(alg.seed_key, SAMPLE, r, 0),
+            client_key(alg.seed_key, DROPOUT, r, 0),
+        )  # fmt: skip
+        for a, b in zip(
+            jax.tree.leaves(state.global_vars), jax.tree.leaves(variables), strict=True
+        ):
+            np.testing.assert_allclose(a, b, atol=1e-5)

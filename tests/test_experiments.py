@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import compose_config
 
+from conftest import compose_config
 from fedjax_semi.cli import CONF_DIR
 from fedjax_semi.config import validate
 from fedjax_semi.results.report import _paper_value

@@ -149,3 +149,65 @@ def test_um_pfssl_needs_dropout_and_valid_sizes():
         experiment.build(compose_config(*TINY, "algorithm.model_dropout=0.0"))
     with pytest.raises(ConfigError, match="algorithm.num_replace"):
         experiment.build(compose_config(*TINY, "algorithm.num_replace=3"))
+
+
+def test_same_seed_bit_identical_ac16(tiny_runner, tiny):
+    exp, runner = tiny_runner
+    _, states, rows = tiny
+    again, again_rows = rounds(runner, ROUNDS)
+    for a, b in zip(jax.tree.leaves(states[-1]), jax.tree.leaves(again[-1]), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert [r["comm_cost"] for r in rows] == [r["comm_cost"] for r in again_rows]
+
+
+def test_joint_loss_ac8():
+    """KL >= 0 and 0 at p = q; one-hot KL = CE; mu = 1 is CE on labeled rows only, mu = 0 is
+    KL on unlabeled rows only; masked rows contribute no gradient."""
+    import jax.numpy as jnp
+
+    from fedjax_semi.engine.train import cross_entropy, kl_divergence
+
+    exp = experiment.build(compose_config(*TINY))
+    alg, model = exp.alg, exp.model
+    v = model.init(jax.random.PRNGKey(0))
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.integers(0, 255, (6, 8, 8, 1)), jnp.uint8)
+    soft = jax.nn.softmax(jnp.asarray(rng.normal(size=(6, 10)), jnp.float32))
+    y = jnp.asarray([1, 2, 3, 0, 0, 0])
+    is_lab = jnp.asarray([True, True, True, False, False, False])
+    target = jnp.where(is_lab[:, None], jax.nn.one_hot(y, 10), soft)
+    logits = jnp.asarray(rng.normal(size=(6, 10)), jnp.float32)
+    assert (np.asarray(kl_divergence(logits, soft)) >= -1e-6).all()
+    np.testing.assert_allclose(kl_divergence(jnp.log(soft), soft), 0.0, atol=1e-5)
+    np.testing.assert_allclose(
+        kl_divergence(logits, jax.nn.one_hot(y, 10))[:3], cross_entropy(logits, y)[:3], rtol=1e-5
+    )
+    key = jax.random.PRNGKey(1)
+
+    def grad_of(weight, valid):
+        batch = {"x": x, "target": target, "weight": weight, "valid": valid}
+        return jax.grad(lambda p: alg.um_objective(p, {}, batch, key, None, True)[0])(v["params"])
+
+    def ref_grad(rows, loss_fn):
+        def f(p):
+            out, _ = model.apply({"params": p}, x, train=True, rng=key)
+            return jnp.sum(jnp.where(rows, loss_fn(out), 0.0)) / 6
+
+        return jax.grad(f)(v["params"])
+
+    all_valid = jnp.ones(6, bool)
+    mu1 = grad_of(jnp.where(is_lab, 1.0, 0.0), all_valid)
+    ce_only = ref_grad(is_lab, lambda out: cross_entropy(out, y))
+    mu0 = grad_of(jnp.where(is_lab, 0.0, 1.0), all_valid)
+    kl_only = ref_grad(~is_lab, lambda out: kl_divergence(out, soft))
+    for got, want in ((mu1, ce_only), (mu0, kl_only)):
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+    # A masked row's target does not matter.
+    half = jnp.asarray([True, True, True, True, False, False])
+    g1 = grad_of(jnp.full(6, 0.5), half)
+    target2 = target.at[4:].set(jax.nn.one_hot(jnp.asarray([7, 7]), 10))
+    batch2 = {"x": x, "target": target2, "weight": jnp.full(6, 0.5), "valid": half}
+    g2 = jax.grad(lambda p: alg.um_objective(p, {}, batch2, key, None, True)[0])(v["params"])
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
