@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hydra import compose, initialize_config_dir
 
 from fedjax_semi.cli import CONF_DIR
@@ -35,3 +36,15 @@ def compose_config(*overrides: str, small: bool = True) -> Config:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=base + list(overrides))
     return as_config(cfg)
+
+
+@pytest.fixture
+def isolated_data_env(monkeypatch, tmp_path):
+    """Keep the user's real data and cache out of dataset lookups; start with a cold cache."""
+    from fedjax_semi.data import sources
+
+    monkeypatch.delenv("FEDJAX_SEMI_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    sources.clear_cache()
+    yield
+    sources.clear_cache()

@@ -13,14 +13,7 @@ from fedjax_semi.data import sources
 from fedjax_semi.data.datacli import main
 from fedjax_semi.data.partition import Partition
 
-
-@pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch, tmp_path):
-    monkeypatch.delenv("FEDJAX_SEMI_DATA", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-    sources.clear_cache()
-    yield
-    sources.clear_cache()
+pytestmark = pytest.mark.usefixtures("isolated_data_env")
 
 
 def test_list(capsys):

@@ -16,15 +16,7 @@ import pytest
 from fedjax_semi.data import sources
 from fedjax_semi.data.sources import FILE_SPECS, DatasetNotFoundError, load_dataset
 
-
-@pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch, tmp_path):
-    # Keep the user's real data/cache out of lookups and start each test with a cold cache.
-    monkeypatch.delenv("FEDJAX_SEMI_DATA", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-    sources.clear_cache()
-    yield
-    sources.clear_cache()
+pytestmark = pytest.mark.usefixtures("isolated_data_env")
 
 
 # ----------------------------------------------------------------------------- writers

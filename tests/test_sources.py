@@ -28,14 +28,7 @@ FILES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch, tmp_path):
-    # Keep the user's real data/cache out of lookups and start each test with a cold cache.
-    monkeypatch.delenv("FEDJAX_SEMI_DATA", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-    sources.clear_cache()
-    yield
-    sources.clear_cache()
+pytestmark = pytest.mark.usefixtures("isolated_data_env")
 
 
 def _write_fixture(directory: Path, gz: bool, n_train: int = 30, n_test: int = 12, seed: int = 0):

@@ -55,6 +55,19 @@ def _client_finite(stacked) -> jax.Array:
     return jnp.all(jnp.stack(per_leaf), axis=0)
 
 
+def cohort_metrics(cohort: jax.Array, out: dict, models) -> dict:
+    """The per-round metrics every algorithm reports: the cohort, each client's loss and
+    finiteness (for the NaN guard), the step-weighted mean training loss and mean step count."""
+    steps = out["steps"].astype(jnp.float32)
+    return {
+        "cohort": cohort,
+        "client_loss": out["loss"],
+        "client_finite": _client_finite(models) & jnp.isfinite(out["loss"]),
+        "train_loss": jnp.sum(out["loss"] * steps) / jnp.maximum(jnp.sum(steps), 1.0),
+        "local_steps": jnp.mean(steps),
+    }
+
+
 @dataclasses.dataclass
 class FedAvgFamily:
     cfg: AlgorithmConfig
@@ -162,13 +175,7 @@ class FedAvgFamily:
         client_vars = scatter(state.client_vars, cohort, out["vars"]) if self.personal else {}
         client_opt = scatter(state.client_opt, cohort, out["opt"]) if c.persist_optimizer else {}
         steps = out["steps"].astype(jnp.float32)
-        metrics = {
-            "cohort": cohort,
-            "client_loss": out["loss"],
-            "client_finite": _client_finite(out["vars"]) & jnp.isfinite(out["loss"]),
-            "train_loss": jnp.sum(out["loss"] * steps) / jnp.maximum(jnp.sum(steps), 1.0),
-            "local_steps": jnp.mean(steps),
-        }
+        metrics = cohort_metrics(cohort, out, out["vars"])
         if self.pseudo_labels:
             metrics["pl_rate"] = jnp.sum(out["pl_rate"] * steps) / jnp.maximum(jnp.sum(steps), 1.0)
         moved = cohort.shape[0] if self.has_global_model else 0

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_semi.algorithms.base import FLState, register
-from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check, _client_finite
+from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check, cohort_metrics
 from fedjax_semi.config import AlgorithmConfig, bad
 from fedjax_semi.engine import aggregate
 from fedjax_semi.engine.clients import DROPOUT, SAMPLE, client_key, scatter
@@ -120,14 +120,9 @@ class PFedMe(FedAvgFamily):
         new_global = aggregate.server_update(
             state.global_vars, out["vars"], out["weight"], everything, c.pfedme_beta
         )
-        steps = out["steps"].astype(jnp.float32)
         comm = {k: v + cohort.shape[0] for k, v in state.extra["comm"].items()}
         metrics = {
-            "cohort": cohort,
-            "client_loss": out["loss"],
-            "client_finite": _client_finite(out["theta"]) & jnp.isfinite(out["loss"]),
-            "train_loss": jnp.sum(out["loss"] * steps) / jnp.maximum(jnp.sum(steps), 1.0),
-            "local_steps": jnp.mean(steps),
+            **cohort_metrics(cohort, out, out["theta"]),
             "comm_cost": comm["downloads"] + comm["uploads"],
         }
         return state.replace(

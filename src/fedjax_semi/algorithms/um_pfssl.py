@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_semi.algorithms.base import FLState, register
-from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check, _client_finite
+from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check, cohort_metrics
 from fedjax_semi.config import AlgorithmConfig, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import (
@@ -315,12 +315,8 @@ class UMPFSSL(FedAvgFamily):
             "pool_ver": ex["pool_ver"].at[cohort].set(t),
             "comm": comm,
         }
-        steps = out["steps"].astype(jnp.float32)
         metrics = {
-            "cohort": cohort,
-            "client_loss": out["loss"],
-            "client_finite": _client_finite(out["vars"]) & jnp.isfinite(out["loss"]),
-            "train_loss": jnp.sum(out["loss"] * steps) / jnp.maximum(jnp.sum(steps), 1.0),
+            **cohort_metrics(cohort, out, out["vars"]),
             "pl_from_self": jnp.mean(out["pl_from_self"]),
             "pl_entropy": jnp.mean(out["pl_entropy"]),
             "corr_mean": jnp.mean(out["corr_mean"]),
