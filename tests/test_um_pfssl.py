@@ -211,3 +211,26 @@ def test_joint_loss_ac8():
     g2 = jax.grad(lambda p: alg.um_objective(p, {}, batch2, key, None, True)[0])(v["params"])
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_smoke_targets_ac20(tmp_path):
+    """AC20 (hours on a CPU; run with make test-slow): Fashion-MNIST, alpha 0.5, one seed, the
+    paper's 200 rounds: UM-pFSSL ends above 70% mean test accuracy and above FixAvg; after the
+    warm-up, clients with mu > 0.5 are above chance on their own test split (distributed like
+    their validation split)."""
+    finals = {}
+    for name in ("um_pfssl", "fixavg"):
+        cfg = compose_config(
+            "+experiment=um_pfssl_table1", f"algorithm={name}", "partition.alpha=0.5",
+            "hardware=cpu", "progress=false", small=False,
+        )  # fmt: skip
+        exp = experiment.build(cfg)
+        if name == "um_pfssl":
+            runner = exp.runner()
+            state = runner.init()
+            acc = np.asarray(runner.evaluate(state)["client_acc"])
+            mu = np.asarray(exp.fed.mu)
+            assert acc[mu > 0.5].mean() > 1.5 / exp.fed.num_classes
+        finals[name] = experiment.run(exp, tmp_path / name)["final"]["personal_acc"]
+    assert finals["um_pfssl"] > 0.70 and finals["um_pfssl"] > finals["fixavg"]
