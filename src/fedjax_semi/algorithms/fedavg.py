@@ -98,7 +98,10 @@ class FedAvgFamily:
         template = jax.eval_shape(self.model.init, self.seed_key)
         self.mask = aggregate.share_mask(template, c.shared)
         self.personal = not aggregate.all_shared(self.mask)
-        self.has_global_model = any(jax.tree.leaves(self.mask))
+        # The server holds a whole usable model only when every leaf is shared (FedBN, FedPer,
+        # LG-FedAvg have none: their accuracy is each client's own model on its own test split).
+        self.has_global_model = aggregate.all_shared(self.mask)
+        self.communicates = any(jax.tree.leaves(self.mask))
         # The single global model is evaluated without vmap, where XLA's conv is faster.
         self.global_eval_model = self.model.with_conv("xla")
         self.unlabeled_batch = c.unlabeled_batch_ratio * c.batch_size if self.pseudo_labels else 0
@@ -178,7 +181,7 @@ class FedAvgFamily:
         metrics = cohort_metrics(cohort, out, out["vars"])
         if self.pseudo_labels:
             metrics["pl_rate"] = jnp.sum(out["pl_rate"] * steps) / jnp.maximum(jnp.sum(steps), 1.0)
-        moved = cohort.shape[0] if self.has_global_model else 0
+        moved = cohort.shape[0] if self.communicates else 0
         comm = {k: v + moved for k, v in state.extra["comm"].items()}
         metrics["comm_cost"] = comm["downloads"] + comm["uploads"]
         new_state = state.replace(
