@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -27,10 +28,15 @@ def _get(cfg: dict, dotted: str):
     return node
 
 
+def _natural(path: Path) -> list:
+    """Sort key that puts job 2 before job 10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+
+
 def find_runs(root: Path) -> list[dict]:
     """Every run under root that has a summary.json, with its config and overrides."""
     runs = []
-    for summary_path in sorted(Path(root).rglob("summary.json")):
+    for summary_path in sorted(Path(root).rglob("summary.json"), key=_natural):
         d = summary_path.parent
         cfg_path, ov_path = d / ".hydra" / "config.yaml", d / ".hydra" / "overrides.yaml"
         cfg = yaml.safe_load(cfg_path.read_text()) if cfg_path.exists() else {}
