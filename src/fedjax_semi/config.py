@@ -7,7 +7,6 @@ and what is allowed.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -201,33 +200,9 @@ def as_config(cfg: Any) -> Config:
     from omegaconf import OmegaConf
 
     obj = OmegaConf.to_object(cfg)
-    if isinstance(obj, Config):
-        return obj
-    return from_dict(obj)
-
-
-def from_dict(d: dict) -> Config:
-    sub = {f.name: f.type for f in dataclasses.fields(Config)}
-    kwargs: dict[str, Any] = {}
-    classes = {
-        "algorithm": AlgorithmConfig,
-        "dataset": DatasetConfig,
-        "partition": PartitionConfig,
-        "model": ModelConfig,
-        "hardware": HardwareConfig,
-        "stop": StopConfig,
-    }
-    for k, v in d.items():
-        if k not in sub:
-            raise bad(k, v, f"one of {sorted(sub)}")
-        if k in classes and isinstance(v, dict):
-            names = {f.name for f in dataclasses.fields(classes[k])}
-            for kk in v:
-                if kk not in names:
-                    raise bad(f"{k}.{kk}", v[kk], f"a key of {k}: {sorted(names)}")
-            v = classes[k](**v)
-        kwargs[k] = v
-    return Config(**kwargs)
+    if not isinstance(obj, Config):  # composed without the base_config schema
+        raise TypeError(f"expected a config composed on base_config, got {type(obj).__name__}")
+    return obj
 
 
 def parse_chunk(key: str, value: Any) -> int | str:
