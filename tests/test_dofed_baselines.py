@@ -1,7 +1,7 @@
-"""DoFed-SPP's baselines FedFomo and FedBE (spec dofed_spp.md section 4) on a tiny SUBSET of
-digits: N = 6 clients, S = 3 participants per round, M = 3 FedFomo downloads. Their own kernels
-against NumPy references; chunk=1 == one vmap == the reference loop; hidden labels stay hidden;
-FedFomo's downloads, weights, update and affinity replayed by hand; the shared clock; the
+"""DoFed-SPP's baselines FedFomo, FedBE, FedAvg and Local (spec dofed_spp.md section 4) on a tiny
+SUBSET of digits: N = 6 clients, S = 3 participants per round, M = 3 FedFomo downloads. Their own
+kernels against NumPy references; chunk=1 == one vmap == the reference loop; hidden labels stay
+hidden; FedFomo's downloads, weights, update and affinity replayed by hand; the shared clock; the
 labels they report; bad config values. The similarity kernels themselves are tested in
 test_dofed_spp_kernels.py."""
 
@@ -43,6 +43,8 @@ BASE = [
     f"algorithm.time_sec_per_infer_sample={S_INFER}",
 ]
 FOMO = ["algorithm=fedfomo", *BASE, f"algorithm.fedfomo_m={M}"]
+FAVG = ["algorithm=fedavg", *BASE]
+LOCAL = ["algorithm=local", *BASE]
 SAMPLES, POOL = 4, 200
 BE = [
     "algorithm=fedbe",
@@ -113,6 +115,30 @@ def be():
     exp = experiment.build(compose_config(*BE))
     runner = exp.runner(chunk=1, eval_chunk=1)
     return (exp, runner, *run(runner))
+
+
+@pytest.fixture(scope="module")
+def favg():
+    exp = experiment.build(compose_config(*FAVG))
+    runner = exp.runner(chunk=1, eval_chunk=1)
+    return (exp, runner, *run(runner))
+
+
+@pytest.fixture(scope="module")
+def loc():
+    exp = experiment.build(compose_config(*LOCAL))
+    runner = exp.runner(chunk=1, eval_chunk=1)
+    return (exp, runner, *run(runner))
+
+
+@pytest.fixture
+def runs(request):
+    """The module fixture of one baseline, by name."""
+    fixture = {"fedfomo": "fomo", "fedbe": "be", "fedavg": "favg", "local": "loc"}
+    return lambda name: request.getfixturevalue(fixture[name])
+
+
+ALL = ["fedfomo", "fedbe", "fedavg", "local"]
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -229,11 +255,11 @@ def test_predict_labels_matches_a_loop(fomo):
 # ----------------------------------------------------------------------------- engine
 
 
-@pytest.mark.parametrize("name", ["fedfomo", "fedbe"])
-def test_chunk_all_and_reference_equal_chunk_one(fomo, be, name):
+@pytest.mark.parametrize("name", ALL)
+def test_chunk_all_and_reference_equal_chunk_one(runs, name):
     """States and metrics of chunk=1 (the fixtures), one vmap and the per-client loop agree;
     a rerun with the same seed is bit-identical."""
-    exp, runner, states, rows, evals = fomo if name == "fedfomo" else be
+    exp, runner, states, rows, evals = runs(name)
     again, again_rows, _ = run(runner)
     assert leaves_equal(states[-1], again[-1])
     assert all(a["train_loss"] == b["train_loss"] for a, b in zip(rows, again_rows, strict=True))
@@ -265,11 +291,11 @@ def corrupt_hidden(fed):
     return fed.with_hidden_labels(jnp.asarray(y))
 
 
-@pytest.mark.parametrize("name", ["fedfomo", "fedbe"])
-def test_hidden_labels_change_nothing(fomo, be, name):
+@pytest.mark.parametrize("name", ALL)
+def test_hidden_labels_change_nothing(runs, name):
     """Corrupting the hidden labels leaves the whole state bit-identical; only the scores move
     (FedBE's pool overlaps the clients' D_unl, and its pseudo-labels stay the same too)."""
-    exp, runner, states, rows, evals = fomo if name == "fedfomo" else be
+    exp, runner, states, rows, evals = runs(name)
     bad = corrupt_hidden(exp.fed)
     runner.fed, runner.data = bad, bad.train_view()
     try:
@@ -459,43 +485,52 @@ def test_fedbe_pool_choices(be):
 # ----------------------------------------------------------------------------- both
 
 
-@pytest.mark.parametrize("name", ["fedfomo", "fedbe"])
-def test_clock_and_training_data(fomo, be, name):
+@pytest.mark.parametrize("name", ALL)
+def test_clock_and_training_data(runs, name):
     """A round adds the slowest participant's compute (E t_train(|D_train| + |D_lab|), plus for
     FedFomo t_infer((M + 1) |D_lab|)) and m / r_i for each participant, r_i ~ U[2, 10] MB/s from
-    DoFed-SPP's upload stream (the same rate for client i in round t under every method)."""
+    DoFed-SPP's upload stream (the same rate for client i in round t under every method).
+    Local trains all N clients every round and uploads nothing."""
     from fedjax_semi.algorithms.dofed_spp import UPLOAD
 
-    exp, _, states, rows, _ = fomo if name == "fedfomo" else be
+    exp, _, states, rows, _ = runs(name)
     m = exp.alg.model_mb
     n_tr, n_l = counts(exp, "labeled", "target_labeled")
     assert float(states[0].sim_time) == 0.0
     for t in range(1, ROUNDS + 1):
         row, cohort = rows[t - 1], rows[t - 1]["cohort"]
+        if name == "local":
+            np.testing.assert_array_equal(cohort, np.arange(N))
+        else:
+            assert len(cohort) == S
         comp = (n_tr + n_l) * S_TRAIN + (M + 1) * n_l * S_INFER * (name == "fedfomo")
         assert row["compute_time"] == pytest.approx(np.max(comp[cohort]), rel=1e-5)
         rates = wl.sample_rates(round_key(exp.alg.seed_key, UPLOAD, t), (N,))
         want = np.zeros(N)
-        want[cohort] = m / np.asarray(rates)[cohort]
+        want[cohort] = m / np.asarray(rates)[cohort] * (name != "local")
         np.testing.assert_allclose(row["upload_times"], want, rtol=1e-5)
         delta = float(states[t].sim_time) - float(states[t - 1].sim_time)
         assert delta == pytest.approx(row["compute_time"] + want.sum(), rel=1e-4)
         steps = -(-(n_tr + n_l) // BATCH)  # one epoch over D_train + D_lab
         assert row["local_steps"] == pytest.approx(np.mean(steps[cohort]))
-        assert row["comm_uploads"] == S * t
+        if name in ("fedfomo", "fedbe"):
+            assert row["comm_uploads"] == S * t
+        else:  # FedAvg: one download and one upload per participant
+            assert row["comm_cost"] == 2 * S * t * (name == "fedavg")
 
 
-@pytest.mark.parametrize("name", ["fedfomo", "fedbe"])
-def test_labels_are_the_classification_models_predictions(fomo, be, name):
-    """pl_label = the evaluated model's argmax on D_unl (each client's own model for FedFomo,
-    the global model for FedBE), -1 on padding; its pooled accuracy is the labeling score."""
-    exp, _, states, rows, evals = fomo if name == "fedfomo" else be
+@pytest.mark.parametrize("name", ALL)
+def test_labels_are_the_classification_models_predictions(runs, name):
+    """pl_label = the evaluated model's argmax on D_unl (each client's own model for FedFomo and
+    Local, the global model for FedBE and FedAvg), -1 on padding; its pooled accuracy is the
+    labeling score."""
+    exp, _, states, rows, evals = runs(name)
     unl = exp.fed.roles["target_unlabeled"]
     row, state = rows[-1], states[-1]
     np.testing.assert_array_equal(row["pl_index"], unl.idx)
     for n in range(N):
         k = int(unl.count[n])
-        v = row_of(state.client_vars, n) if name == "fedfomo" else state.global_vars
+        v = row_of(state.client_vars, n) if name in ("fedfomo", "local") else state.global_vars
         logits = exp.model.apply(v, exp.fed.x[np.asarray(unl.idx[n])[:k]])[0]
         np.testing.assert_array_equal(row["pl_label"][n, :k], np.argmax(np.asarray(logits), -1))
         assert (row["pl_label"][n, k:] == -1).all()

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
 from flax import struct
 
 from fedjax_semi.data.federated import FederatedData, TrainView
@@ -59,6 +60,35 @@ class Algorithm(Protocol):
     ) -> tuple[FLState, dict]: ...
 
     def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict: ...
+
+
+def _client_finite(stacked) -> jax.Array:
+    """bool [S]: every leaf of each client's tree is finite."""
+    per_leaf = [
+        jnp.all(jnp.isfinite(a.reshape(a.shape[0], -1)), axis=1) for a in jax.tree.leaves(stacked)
+    ]
+    return jnp.all(jnp.stack(per_leaf), axis=0)
+
+
+def cohort_metrics(cohort: jax.Array, out: dict, models) -> dict:
+    """The per-round metrics every algorithm reports: the cohort, each client's loss and
+    finiteness (for the NaN guard), the step-weighted mean training loss and mean step count."""
+    steps = out["steps"].astype(jnp.float32)
+    return {
+        "cohort": cohort,
+        "client_loss": out["loss"],
+        "client_finite": _client_finite(models) & jnp.isfinite(out["loss"]),
+        "train_loss": jnp.sum(out["loss"] * steps) / jnp.maximum(jnp.sum(steps), 1.0),
+        "local_steps": jnp.mean(steps),
+    }
+
+
+def client_accuracy(result: dict) -> tuple[jax.Array, jax.Array]:
+    """Per-client accuracy [C] from summed `correct` / `count` [C], and its mean over the
+    clients that hold any example (clients with none count neither way)."""
+    has = result["count"] > 0
+    acc = result["correct"] / jnp.maximum(result["count"], 1)
+    return acc, jnp.sum(jnp.where(has, acc, 0.0)) / jnp.maximum(jnp.sum(has), 1)
 
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 
 from fedjax_semi.algorithms.dofed_spp import (  # noqa: F401 (re-exported for the baselines)
     CHANNEL,
+    DOFED_ROLES,
     UPLOAD,
     Roles,
     check_clock_config,
@@ -46,6 +47,11 @@ from fedjax_semi.systems import wireless
 PyTree = Any
 
 TRAIN_DATA = ("train_and_lab", "train")
+
+
+def is_target_task(roles: dict) -> bool:
+    """The partition is DoFed-SPP's SUBSET/NORMAL (D_train, D_lab, D_unl, target test)."""
+    return data_roles(roles) == DOFED_ROLES
 
 
 def check_roles(name: str, fed: FederatedData) -> Roles:

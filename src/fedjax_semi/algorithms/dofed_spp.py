@@ -36,8 +36,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_semi.algorithms.base import FLState, Mapper, register
-from fedjax_semi.algorithms.fedavg import cohort_metrics
+from fedjax_semi.algorithms.base import (
+    FLState,
+    Mapper,
+    client_accuracy,
+    cohort_metrics,
+    register,
+)
 from fedjax_semi.config import AlgorithmConfig, ConfigError, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import INIT, broadcast, client_key, gather, round_key
@@ -565,10 +570,7 @@ def evaluate_clients(
             r = mapper(evaluator, xs, fed.x, fed.eval_y)
         else:
             r = mapper(evaluator, {"table": fed.roles[role]}, state.global_vars, fed.x, fed.eval_y)
-        has = r["count"] > 0
-        acc = r["correct"] / jnp.maximum(r["count"], 1)
-        out[f"{key}_acc"] = acc
-        out[f"{key}_mean"] = jnp.sum(jnp.where(has, acc, 0.0)) / jnp.maximum(jnp.sum(has), 1)
+        out[f"{key}_acc"], out[f"{key}_mean"] = client_accuracy(r)
         out[f"{key}_loss"] = jnp.sum(r["loss"]) / jnp.maximum(jnp.sum(r["count"]), 1)
     return {
         "accuracy": out["client_mean"],

@@ -13,6 +13,13 @@ One mechanism, several knobs (McMahan et al. 2017, Li et al. 2020):
 * fedavg: labeled data only.            * fedavg_sl: every training label (oracle reference).
 * fedprox: proximal term prox_mu.       * fedavg_pl: + own confident pseudo-labels.
 * local: nothing shared (algorithm.shared=none); each client keeps its model.
+
+On DoFed-SPP's SUBSET/NORMAL partitions (roles `target_labeled`, `target_unlabeled`) fedavg and
+local are DoFed-SPP's baselines (spec dofed_spp.md section 4), on the same footing as FedFomo and
+FedBE (`dofed_baselines.py`): they train on D_train + D_lab (`baseline_train_data`), Local trains
+every client every round, the simulated clock advances by the slowest participant's compute plus
+its uploads (Local uploads nothing), and `finish` reports each client model's hard labels of its
+D_unl as `pl_index` / `pl_label`, which the engine scores into `pl_acc`.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from fedjax_semi.algorithms.base import FLState, Mapper, register
+from fedjax_semi.algorithms import dofed_baselines as dofed
+from fedjax_semi.algorithms.base import FLState, Mapper, client_accuracy, cohort_metrics, register
 from fedjax_semi.config import AlgorithmConfig, bad
 from fedjax_semi.data.federated import FederatedData, TrainView
 from fedjax_semi.engine import aggregate
@@ -45,27 +53,7 @@ from fedjax_semi.engine.train import (
     make_optimizer,
 )
 from fedjax_semi.models.zoo import Model
-
-
-def _client_finite(stacked) -> jax.Array:
-    """bool [S]: every leaf of each client's tree is finite."""
-    per_leaf = [
-        jnp.all(jnp.isfinite(a.reshape(a.shape[0], -1)), axis=1) for a in jax.tree.leaves(stacked)
-    ]
-    return jnp.all(jnp.stack(per_leaf), axis=0)
-
-
-def cohort_metrics(cohort: jax.Array, out: dict, models) -> dict:
-    """The per-round metrics every algorithm reports: the cohort, each client's loss and
-    finiteness (for the NaN guard), the step-weighted mean training loss and mean step count."""
-    steps = out["steps"].astype(jnp.float32)
-    return {
-        "cohort": cohort,
-        "client_loss": out["loss"],
-        "client_finite": _client_finite(models) & jnp.isfinite(out["loss"]),
-        "train_loss": jnp.sum(out["loss"] * steps) / jnp.maximum(jnp.sum(steps), 1.0),
-        "local_steps": jnp.mean(steps),
-    }
+from fedjax_semi.systems import wireless
 
 
 @dataclasses.dataclass
@@ -105,10 +93,15 @@ class FedAvgFamily:
         # The single global model is evaluated without vmap, where XLA's conv is faster.
         self.global_eval_model = self.model.with_conv("xla")
         self.unlabeled_batch = c.unlabeled_batch_ratio * c.batch_size if self.pseudo_labels else 0
+        self.model_mb = wireless.model_size_mb(wireless.param_count(template["params"]))
 
     # ------------------------------------------------------------------ state
 
     def init(self, fed: FederatedData) -> FLState:
+        clock = {}
+        if dofed.is_target_task(fed.roles):
+            dofed.check_common(self.cfg, self.name)
+            clock = dofed.clock_extra(self.cfg, self.seed_key, self.num_clients)
         gv = self.model.init(client_key(self.seed_key, INIT, 0, 0))
         n = self.num_clients
         client_vars = broadcast(gv, n) if self.personal else {}
@@ -121,22 +114,36 @@ class FedAvgFamily:
             sim_time=jnp.zeros((), jnp.float32),
             # Whole-model transfers (UM-pFSSL's unit, spec 2.9): each sampled client downloads
             # the global model once and uploads once per round.
-            extra={"comm": {"downloads": jnp.int32(0), "uploads": jnp.int32(0)}},
+            extra={"comm": {"downloads": jnp.int32(0), "uploads": jnp.int32(0)}, **clock},
         )
 
     # ------------------------------------------------------------------ one round
 
     def prepare(self, state: FLState, data: TrainView):
-        cohort = select_cohort(self.seed_key, state.round, self.num_clients, self.clients_per_round)
+        target = dofed.is_target_task(data.roles)
+        if target and not self.communicates:  # DoFed-SPP's Local: every client, every round
+            cohort = jnp.arange(self.num_clients)
+        else:
+            cohort = select_cohort(
+                self.seed_key, state.round, self.num_clients, self.clients_per_round
+            )
+        if target:
+            table = dofed.training_table(data.roles, self.cfg.baseline_train_data)
+        else:
+            table = data.roles[self.primary]
         inputs = {
             "id": cohort,
-            "table": data.roles[self.primary].take(cohort),
+            "table": table.take(cohort),
             "personal": gather(state.client_vars, cohort),
             "opt": gather(state.client_opt, cohort),
         }
         if self.pseudo_labels:
             inputs["utable"] = data.roles["unlabeled"].take(cohort)
         shared = {"global": state.global_vars, "x": data.x, "y": data.y, "round": state.round}
+        if target:  # what the clock and the labels need in `finish`
+            unl = data.roles[dofed.data_roles(data.roles).unl]
+            plan = {"cohort": cohort, "n_train": table.count[cohort], "unl": unl, "x": data.x}
+            return plan, inputs, shared
         return cohort, inputs, shared
 
     def client_update(self, inp, shared):
@@ -170,8 +177,9 @@ class FedAvgFamily:
             **stats,
         }
 
-    def finish(self, state: FLState, cohort, out):
+    def finish(self, state: FLState, plan, out):
         c = self.cfg
+        cohort = plan["cohort"] if isinstance(plan, dict) else plan
         new_global = aggregate.server_update(
             state.global_vars, out["vars"], out["weight"], self.mask, c.server_lr
         )
@@ -191,7 +199,34 @@ class FedAvgFamily:
             client_opt=client_opt,
             extra={**state.extra, "comm": comm},
         )
+        if isinstance(plan, dict):
+            return self.target_task_round(state, new_state, plan, metrics)
         return new_state, metrics
+
+    def target_task_round(self, old: FLState, state: FLState, plan: dict, metrics: dict):
+        """DoFed-SPP's clock (spec 2.8) and labels (spec 3.7) for this round: the slowest
+        participant's E t_train(|D_train| + |D_lab|) plus m / r_i per upload, and every client's
+        model's hard predictions on its D_unl [N, Du]."""
+        c, t = self.cfg, state.round
+        chosen = jnp.zeros((self.num_clients,), bool).at[plan["cohort"]].set(self.communicates)
+        t_up, per_upload = dofed.upload_time(c, self.seed_key, self.model_mb, chosen, t, old.extra)
+        t_comp = dofed.participant_compute_time(c, plan["n_train"])
+        if self.personal:
+            models = jax.vmap(lambda p: self.client_model(state.global_vars, p))(state.client_vars)
+        else:
+            models = state.global_vars
+        labels = dofed.predict_labels(
+            self.model, models, plan["x"], plan["unl"], per_client=self.personal
+        )
+        metrics = dict(
+            metrics,
+            upload_time=t_up,
+            upload_times=per_upload,
+            compute_time=t_comp,
+            pl_index=plan["unl"].idx,
+            pl_label=labels,
+        )
+        return state.replace(sim_time=wireless.advance_clock(old.sim_time, t_comp, t_up)), metrics
 
     # ------------------------------------------------------------------ evaluation
 
@@ -224,11 +259,13 @@ class FedAvgFamily:
         else:
             xs = {"table": test, "personal": state.client_vars}
             r = mapper(self.eval_client, xs, state.global_vars, fed.x, fed.eval_y)
-        has = r["count"] > 0
-        acc = r["correct"] / jnp.maximum(r["count"], 1)
-        out["personal_acc"] = jnp.sum(jnp.where(has, acc, 0.0)) / jnp.maximum(jnp.sum(has), 1)
-        out["client_acc"] = acc
+        out["client_acc"], out["personal_acc"] = client_accuracy(r)
         out["accuracy"] = out["global_acc"] if self.has_global_model else out["personal_acc"]
+        if dofed.is_target_task(fed.roles):  # each client's model on its D_unl (spec 3.7)
+            unl = fed.roles[dofed.data_roles(fed.roles).unl]
+            xs = {"table": unl, "personal": state.client_vars}
+            r = mapper(self.eval_client, xs, state.global_vars, fed.x, fed.eval_y)
+            out["cls_acc_on_unl"] = client_accuracy(r)[1]
         return out
 
 

@@ -34,9 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_semi.algorithms import dofed_baselines as common
-from fedjax_semi.algorithms.base import FLState, Mapper, register
+from fedjax_semi.algorithms.base import FLState, Mapper, cohort_metrics, register
 from fedjax_semi.algorithms.dofed_spp import data_roles
-from fedjax_semi.algorithms.fedavg import cohort_metrics
 from fedjax_semi.config import AlgorithmConfig, ConfigError, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine import aggregate

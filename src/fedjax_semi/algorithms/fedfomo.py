@@ -34,9 +34,8 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from fedjax_semi.algorithms import dofed_baselines as common
-from fedjax_semi.algorithms.base import FLState, Mapper, register
+from fedjax_semi.algorithms.base import FLState, Mapper, cohort_metrics, register
 from fedjax_semi.algorithms.dofed_spp import data_roles
-from fedjax_semi.algorithms.fedavg import cohort_metrics
 from fedjax_semi.config import AlgorithmConfig, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import (

@@ -19,8 +19,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from fedjax_semi.algorithms.base import FLState, register
-from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check, cohort_metrics
+from fedjax_semi.algorithms.base import FLState, cohort_metrics, register
+from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check
 from fedjax_semi.config import AlgorithmConfig, bad
 from fedjax_semi.engine import aggregate
 from fedjax_semi.engine.clients import DROPOUT, SAMPLE, client_key, scatter

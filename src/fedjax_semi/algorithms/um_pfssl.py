@@ -25,8 +25,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fedjax_semi.algorithms.base import FLState, register
-from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check, cohort_metrics
+from fedjax_semi.algorithms.base import FLState, cohort_metrics, register
+from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check
 from fedjax_semi.config import AlgorithmConfig, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import (

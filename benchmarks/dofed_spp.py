@@ -1,0 +1,107 @@
+"""One DoFed-SPP round at N = 25 and N = 500 clients: the chunked vmap against the reference loop,
+and the share of the round spent in the N x N similarity-ratio kernel, side by side in one run.
+
+    python benchmarks/dofed_spp.py [--clients 25,500] [--chunks 1,reference] [--repeats 2]
+
+Prints JSON lines and appends them to benchmarks/results/dofed_spp.jsonl. Setup: the
+`dofed_spp_fmnist` stand-in (Fashion-MNIST SUBSET, the 545k-parameter `dofed_cnn`, per client 200
+training, 6 labeled and 114 unlabeled target images, K = B = 10), one warm-up round. A round
+trains every client's reciprocal model and student (mapped by the engine) and recomputes the SR
+matrix: every cached model on every client's D_lab, N^2 evaluations, plus N^2 parameter
+distances (`finish`, server-side, the same code under every mapping). The SR kernel is also timed
+alone, jitted, on the state after warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from common import RESULTS, compose, dataset_or_synthetic, emit, environment
+from fedjax_semi import experiment
+
+
+def timed(fn, repeats: int) -> tuple[float, float, list[float]]:
+    """(first call incl. compile, median of the next `repeats`, all of them) in seconds."""
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return first, float(np.median(times)), times
+
+
+def sr_kernel(alg, state, data):
+    """The round's Eq. 19 call alone: S [N, N] from the cache, R, R_prev and T on D_lab."""
+    ex = state.extra
+    lab = data.roles["target_labeled"]
+
+    def run(ex):
+        shown = alg.broadcast(ex["cache"])
+        return alg.similarity(
+            ex["cache"],
+            shown,
+            ex["rec"],
+            ex["rec_prev"],
+            state.client_vars,
+            data.x,
+            data.y,
+            lab,
+            ex["sr"],
+        )[0]
+
+    return functools.partial(jax.jit(run), ex)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", default="25,500")
+    ap.add_argument("--chunks", default="1,reference")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", default=str(RESULTS / "dofed_spp.jsonl"))
+    args = ap.parse_args()
+    ds, kind = dataset_or_synthetic("fashion_mnist")
+    env = environment()
+    for n in (int(v) for v in args.clients.split(",")):
+        cfg = compose(
+            "+experiment=dofed_spp_fmnist",
+            f"num_clients={n}",
+            "algorithm.warmup_rounds=1",
+            "save_partition=false",
+        )
+        exp = experiment.build(cfg, dataset=ds)
+        for chunk in args.chunks.split(","):
+            if chunk == "reference":
+                runner = exp.runner(backend="reference")
+            else:
+                runner = exp.runner(chunk=chunk if chunk == "all" else int(chunk))
+            state = runner.init()
+            first, t_round, all_round = timed(lambda r=runner, s=state: r.round(s)[0], args.repeats)
+            record = {
+                "bench": "dofed_spp_round",
+                "backend": "reference" if chunk == "reference" else "jit",
+                "chunk": chunk,
+                "clients": n,
+                "model": cfg.model.name,
+                "data": kind,
+                "first_round_s": first,
+                "round_s_median": t_round,
+                "round_s_all": all_round,
+            }
+            if chunk != "reference":
+                _, t_sr, _ = timed(sr_kernel(exp.alg, state, runner.data), args.repeats)
+                record["sr_kernel_s"] = t_sr
+                record["sr_share_of_round"] = t_sr / t_round
+            emit({**record, **env}, Path(args.out))
+
+
+if __name__ == "__main__":
+    main()
