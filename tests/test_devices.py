@@ -1,4 +1,6 @@
-"""The client axis sharded over 4 (forced host) devices gives the same numbers as 1 device."""
+"""The client axis sharded over 4 (forced host) devices gives the same numbers as 1 device, and the
+compiled round moves no client-axis data between devices except the aggregation's all-reduce (no
+all-gather of the cohort)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from pathlib import Path
 
 SCRIPT = textwrap.dedent(
     """
-    import json, sys
+    import json, re, sys
+    from collections import Counter
     import jax
     sys.path.insert(0, {tests!r})
     from conftest import compose_config
@@ -27,6 +30,14 @@ SCRIPT = textwrap.dedent(
             state, m = runner.round(state)
         ev = runner.evaluate(state)
         out[devices] = {{"loss": float(m["train_loss"]), "acc": ev["client_acc"].tolist()}}
+        for alg in ("fedavg", "fedbn_sl"):  # all leaves shared; BatchNorm leaves personal
+            cfg = compose_config(f"algorithm={{alg}}", "hardware.chunk=all",
+                                 f"hardware.devices={{devices}}")
+            runner = experiment.build(cfg).runner()
+            hlo = runner._round.lower(runner.init(), runner.data, ()).compile().as_text()
+            ops = re.findall(r"\\s(all-gather|all-reduce|all-to-all|collective-permute|"
+                             r"reduce-scatter)(?:-start)?\\(", hlo)
+            out[f"{{alg}}_{{devices}}"] = Counter(ops)
     print(json.dumps({{"devices": jax.device_count(), **out}}))
     """
 )
@@ -47,3 +58,8 @@ def test_four_devices_match_one():
     assert out["devices"] == 4
     assert abs(out["1"]["loss"] - out["4"]["loss"]) < 1e-4
     assert max(abs(a - b) for a, b in zip(out["1"]["acc"], out["4"]["acc"], strict=True)) < 1e-4
+    for alg in ("fedavg", "fedbn_sl"):
+        assert out[f"{alg}_1"] == {}, out  # one device: no collectives at all
+        sharded = out[f"{alg}_4"]
+        assert sharded.get("all-reduce", 0) >= 1, out  # the cohort really is split
+        assert set(sharded) == {"all-reduce"}, out  # and never gathered
