@@ -27,7 +27,12 @@ BAD_INPUTS = [
     (["partition.labeled_fraction=1.5"], ["partition.labeled_fraction", "1.5", "(0, 1]"]),
     (["dataset=mnist", "dataset.data_dir=/no/such/dir"], ["/no/such/dir", "train-images-idx3"]),
     (["algorithm.lrr=0.1"], ["lrr", "algorithm"]),
-    (["hardware.chunk=zero"], ["hardware.chunk", "zero", "positive integer or 'all'"]),
+    (["hardware.chunk=zero"], ["hardware.chunk", "zero", "positive integer, 'all' or 'auto'"]),
+    (["hardware.eval_chunk=auto"], ["hardware.eval_chunk", "auto", "positive integer or 'all'"]),
+    (
+        ["hardware.chunk=auto", "hardware.backend=reference"],
+        ["hardware.chunk", "auto", "hardware.backend=reference"],
+    ),
     (["algorithm=fedprox", "algorithm.prox_mu=0"], ["algorithm.prox_mu", "> 0", "fedprox"]),
     (["dataset.fraction=0"], ["dataset.fraction", "0", "(0, 1]"]),
     (["stop.plateau=0.01"], ["stop.plateau", "0.01", "stop.patience >= 1"]),

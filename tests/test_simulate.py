@@ -15,7 +15,7 @@ import pytest
 
 from conftest import SMALL, compose_config
 from fedjax_semi import experiment
-from fedjax_semi.engine.simulate import NaNError
+from fedjax_semi.engine.simulate import NaNError, auto_chunk_candidates
 
 
 def rows_without_wall_time(path: Path) -> list[dict]:
@@ -37,6 +37,28 @@ def test_run_writes_metrics_summary_plot_checkpoints(tmp_path):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2", "4"]
     counts = json.loads((tmp_path / "counts.json").read_text())
     assert len(counts["labeled"]) == 12
+
+
+def test_chunk_auto_times_each_candidate_and_keeps_the_fastest(tmp_path):
+    """hardware.chunk=auto times one round per candidate (powers of 4 below the cohort, then the
+    whole cohort), keeps the fastest, records the timings in summary.json, and then runs the
+    same numbers as that chunk size fixed."""
+    assert auto_chunk_candidates(4) == [1, "all"]
+    assert auto_chunk_candidates(100) == [1, 4, 16, 64, "all"]
+    over = ("algorithm=fedavg", "rounds=3", "clients_per_round=6")
+    summary = experiment.run(
+        experiment.build(compose_config(*over, "hardware.chunk=auto")), tmp_path / "auto"
+    )
+    tune = summary["hardware"]["autotune"]
+    assert tune["cohort"] == 6 and list(tune["round_s"]) == ["1", "4", "all"]
+    assert all(t > 0 for t in tune["round_s"].values())
+    assert str(tune["chosen"]) == min(tune["round_s"], key=tune["round_s"].get)
+    assert summary["hardware"]["chunk"] == tune["chosen"]
+    fixed = f"hardware.chunk={tune['chosen']}"
+    experiment.run(experiment.build(compose_config(*over, fixed)), tmp_path / "fixed")
+    auto_rows = rows_without_wall_time(tmp_path / "auto" / "metrics.jsonl")
+    assert auto_rows == rows_without_wall_time(tmp_path / "fixed" / "metrics.jsonl")
+    assert len(auto_rows) == 3  # the timed rounds are thrown away, not counted
 
 
 def test_same_seed_same_metrics(tmp_path):

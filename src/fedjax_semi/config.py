@@ -202,7 +202,8 @@ class ModelConfig:
 @dataclass
 class HardwareConfig:
     name: str = "cpu"
-    # Clients mapped per vmap chunk: a positive integer or "all" (pure vmap).
+    # Clients mapped per vmap chunk: a positive integer, "all" (pure vmap) or "auto" (the fastest
+    # of a few sizes, timed on the first round; see engine/simulate.py `Runner._tune`).
     chunk: Any = 10
     eval_chunk: Any = 20
     eval_batch: int = 1000
@@ -271,15 +272,17 @@ def as_config(cfg: Any) -> Config:
     return obj
 
 
-def parse_chunk(key: str, value: Any) -> int | str:
-    if isinstance(value, str) and value == "all":
-        return "all"
+def parse_chunk(key: str, value: Any, auto: bool = False) -> int | str:
+    """A chunk size: a positive integer, 'all', or (where `auto`) 'auto'."""
+    allowed = "a positive integer, 'all' or 'auto'" if auto else "a positive integer or 'all'"
+    if isinstance(value, str) and (value == "all" or (auto and value == "auto")):
+        return value
     try:
         n = int(value)
     except (TypeError, ValueError):
-        raise bad(key, value, "a positive integer or 'all'") from None
+        raise bad(key, value, allowed) from None
     if n < 1 or str(n) != str(value).strip():
-        raise bad(key, value, "a positive integer or 'all'")
+        raise bad(key, value, allowed)
     return n
 
 
@@ -362,13 +365,16 @@ def validate(cfg: Config) -> None:
         raise bad("algorithm.pl_threshold", a.pl_threshold, "a number in [0, 1]")
     if a.unlabeled_batch_ratio < 1:
         raise bad("algorithm.unlabeled_batch_ratio", a.unlabeled_batch_ratio, "an integer >= 1")
-    parse_chunk("hardware.chunk", h.chunk)
+    chunk = parse_chunk("hardware.chunk", h.chunk, auto=True)
     parse_chunk("hardware.eval_chunk", h.eval_chunk)
     if h.backend not in ("jit", "reference"):
         raise bad("hardware.backend", h.backend, "one of ['jit', 'reference']")
     if not (h.devices == "all" or (isinstance(h.devices, int) and h.devices >= 1)):
         raise bad("hardware.devices", h.devices, "a positive integer or 'all'")
-    if h.devices != 1 and parse_chunk("hardware.chunk", h.chunk) != "all":
+    if chunk == "auto" and h.backend != "jit":
+        allowed = "a positive integer or 'all' with hardware.backend=reference"
+        raise bad("hardware.chunk", h.chunk, allowed)
+    if h.devices != 1 and chunk != "all":
         raise bad("hardware.chunk", h.chunk, "'all' when the client axis is sharded (devices != 1)")
     if isinstance(h.devices, int) and cfg.clients_per_round % h.devices:
         raise bad(

@@ -32,7 +32,7 @@ class Experiment:
             self.alg,
             self.fed,
             backend=backend or h.backend,
-            chunk=parse_chunk("hardware.chunk", h.chunk if chunk is None else chunk),
+            chunk=parse_chunk("hardware.chunk", h.chunk if chunk is None else chunk, auto=True),
             eval_chunk=parse_chunk(
                 "hardware.eval_chunk", h.eval_chunk if eval_chunk is None else eval_chunk
             ),

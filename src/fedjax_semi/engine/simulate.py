@@ -55,24 +55,21 @@ class Runner:
         self.alg, self.fed, self.backend = alg, fed, backend
         self.data = fed.train_view(oracle=alg.oracle)
         self._flags = getattr(alg, "round_flags", lambda rnd: ())
-        update_for = getattr(alg, "client_update_for", lambda flags: alg.client_update)
-        warmup = getattr(alg, "warmup", None)
+        self._update_for = getattr(alg, "client_update_for", lambda flags: alg.client_update)
+        self._warmup_fn = getattr(alg, "warmup", None)
+        self.chunk, self.autotune = chunk, None
         if backend == "jit":
-            cmap = functools.partial(map_clients, chunk=chunk)
             emap = functools.partial(map_clients, chunk=eval_chunk)
-            place = client_sharding(devices) if devices > 1 else (lambda tree: tree)
-
-            def round_fn(state, data, flags):
-                cohort, inputs, shared = alg.prepare(state, data)
-                outputs = place(cmap(update_for(flags), place(inputs), shared))
-                return alg.finish(state, cohort, outputs)
-
-            self._round = jax.jit(round_fn, static_argnums=2)
+            self._place = client_sharding(devices) if devices > 1 else (lambda tree: tree)
             self._eval = jax.jit(lambda s, f: alg.evaluate(s, f, emap))
-            self._warmup = warmup and jax.jit(lambda s, d: warmup(s, d, cmap))
+            if chunk != "auto":
+                self._compile(chunk)
         elif backend == "reference":
+            if chunk == "auto":
+                raise ValueError("hardware.chunk='auto' is not allowed with the reference backend")
             loop = LoopMapper()
             prepare, finish = jax.jit(alg.prepare), jax.jit(alg.finish)
+            update_for, warmup = self._update_for, self._warmup_fn
 
             def round_fn(state, data, flags):
                 cohort, inputs, shared = prepare(state, data)
@@ -84,16 +81,78 @@ class Runner:
         else:
             raise ValueError(f"hardware.backend={backend!r} is not allowed: 'jit' or 'reference'")
 
+    def _programs(self, chunk: int | str):
+        """(jitted round, jitted warm-up or None) with the cohort mapped in chunks of `chunk`."""
+        alg, place, update_for = self.alg, self._place, self._update_for
+        cmap = functools.partial(map_clients, chunk=chunk)
+
+        def round_fn(state, data, flags):
+            cohort, inputs, shared = alg.prepare(state, data)
+            outputs = place(cmap(update_for(flags), place(inputs), shared))
+            return alg.finish(state, cohort, outputs)
+
+        warmup = self._warmup_fn
+        return (
+            jax.jit(round_fn, static_argnums=2),
+            warmup and jax.jit(lambda s, d: warmup(s, d, cmap)),
+        )
+
+    def _compile(self, chunk: int | str) -> None:
+        self.chunk = chunk
+        self._round, self._warmup = self._programs(chunk)
+
+    def _tune(self, state: FLState) -> None:
+        """hardware.chunk=auto: time one round from `state` at each candidate chunk size (the
+        result is thrown away; rounds are pure) and keep the fastest. A candidate that runs
+        out of device memory is skipped. The timings are kept in `self.autotune`."""
+        _, inputs, _ = jax.eval_shape(self.alg.prepare, state, self.data)
+        cohort = jax.tree.leaves(inputs)[0].shape[0]
+        flags = self._flags(int(state.round) + 1)
+        timings, programs = {}, {}
+        for chunk in auto_chunk_candidates(cohort):
+            programs[chunk] = self._programs(chunk)
+            fn = programs[chunk][0]
+            try:
+                jax.block_until_ready(fn(state, self.data, flags))  # compile
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn(state, self.data, flags))
+                timings[str(chunk)] = time.perf_counter() - t0
+            except Exception as e:  # noqa: BLE001 (XLA reports OOM as a runtime error)
+                if "RESOURCE_EXHAUSTED" not in str(e):
+                    raise
+                timings[str(chunk)] = None
+        ok = {c: t for c, t in timings.items() if t is not None}
+        if not ok:
+            raise RuntimeError(f"hardware.chunk=auto: every chunk size ran out of memory {timings}")
+        best = min(ok, key=ok.get)
+        chunk = best if best == "all" else int(best)
+        self.chunk, (self._round, self._warmup) = chunk, programs[chunk]
+        self.autotune = {"chosen": chunk, "cohort": cohort, "round_s": timings}
+
     def init(self) -> FLState:
-        """The initial state, after the algorithm's warm-up when it has one."""
+        """The initial state, after the algorithm's warm-up when it has one (with
+        hardware.chunk=auto the chunk size is chosen first, on the state before warm-up)."""
         state = self.alg.init(self.fed)
+        if self.chunk == "auto":
+            self._tune(state)
         return self._warmup(state, self.data) if self._warmup else state
 
     def round(self, state: FLState) -> tuple[FLState, dict]:
+        if self.chunk == "auto":  # resumed from a checkpoint: init() was not called
+            self._tune(state)
         return self._round(state, self.data, self._flags(int(state.round) + 1))
 
     def evaluate(self, state: FLState) -> dict:
         return self._eval(state, self.fed)
+
+
+AUTO_CHUNKS = (1, 4, 16, 64, 256)
+
+
+def auto_chunk_candidates(cohort: int) -> list[int | str]:
+    """The chunk sizes hardware.chunk=auto tries for a cohort of `cohort` clients: powers of 4
+    below it, then the whole cohort in one vmap."""
+    return [c for c in AUTO_CHUNKS if c < cohort] + ["all"]
 
 
 def client_sharding(devices: int):
@@ -259,14 +318,14 @@ def simulate(
         raise
     finally:
         bar.close()
-        summary = _write_summary(out_dir, alg, rows, last_eval, stopper, stop_reason, wall0)
+        summary = _write_summary(out_dir, alg, rows, last_eval, stopper, stop_reason, wall0, runner)
         if rows:
             plot_curves(rows, out_dir / "plots" / "accuracy.png", title or alg.name)
         ckpt.close()
     return summary
 
 
-def _write_summary(out_dir, alg, rows, last_eval, stopper, stop_reason, wall0) -> dict:
+def _write_summary(out_dir, alg, rows, last_eval, stopper, stop_reason, wall0, runner) -> dict:
     evals = [r for r in rows if r.get("accuracy") is not None]
     final = evals[-1] if evals else {}
     summary = {
@@ -279,6 +338,7 @@ def _write_summary(out_dir, alg, rows, last_eval, stopper, stop_reason, wall0) -
         "fa_literal_round": stopper.literal_round,
         "client_acc": jsonable(last_eval.get("client_acc", [])),
         "wall_time_s": time.perf_counter() - wall0,
+        "hardware": {"backend": runner.backend, "chunk": runner.chunk, "autotune": runner.autotune},
         "environment": environment(),
     }
     (out_dir / "summary.json").write_text(json.dumps(jsonable(summary), indent=2))
