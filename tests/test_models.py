@@ -140,6 +140,17 @@ def test_dofed_cnn_param_count() -> None:
         make_model("cnn", SHAPE, 10, conv_kernel=0)
 
 
+def test_benchmark_workload_models_param_counts() -> None:
+    """pfl-research's simple_cnn (W1): 3x3 VALID convs 896 + 18,496, dense 14*14*64 -> 128
+    (1,605,760), 128 -> 10; FLUTE/LEAF's FEMNIST CNN (W2): the FedAvg CNN with Dense(2048)."""
+    model = make_model("simple_cnn", (32, 32, 3), 10, dropout=0.5)
+    assert num_params(jax.eval_shape(model.init, jax.random.key(0))) == 1_626_442
+    logits = model.apply(model.init(jax.random.key(0)), jnp.zeros((2, 32, 32, 3)))[0]
+    assert logits.shape == (2, 10)
+    femnist = make_model("cnn", SHAPE, 62, dense=2048)
+    assert num_params(jax.eval_shape(femnist.init, jax.random.key(0))) == 6_603_710
+
+
 def test_mlp_2nn_param_count() -> None:
     model = make_model("mlp", SHAPE, 10)
     variables = jax.eval_shape(model.init, jax.random.key(0))
