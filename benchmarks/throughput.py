@@ -1,0 +1,261 @@
+"""Throughput of the standard workloads (benchmarks/workloads.py), side by side in one run: the
+engine's compiled round at several chunk sizes, its reference loop of per-client jitted calls,
+and (when PyTorch is installed) a plain PyTorch per-client loop with the same model, data and
+hyper-parameters.
+
+    python benchmarks/throughput.py [--workloads W1,W2,W3,W4] [--clients N] [--chunks 1,8,all]
+                                    [--repeats 3] [--torch] [--markdown PATH]
+    python benchmarks/throughput.py --scan cohort     [--workloads W3]   # 10 ... 1000 per round
+    python benchmarks/throughput.py --scan population [--workloads W3]   # 100 ... 100,000 clients
+
+Per mapping: rounds/s, client-steps/s, samples/s (the samples the clients train on), peak
+memory (device peak where the backend reports it, else the process's peak RSS, which only grows
+during a run), and achieved FLOP/s as a fraction of a dense f32 matmul measured in the same run.
+FLOPs per round are counted, not estimated: XLA's cost analysis of one jitted SGD step of the
+workload's model on one batch, times the steps the cohort runs (W1-W3). XLA counts a loop body
+once, which is why the round program itself is not analysed; W4's round is not a plain sequence
+of SGD steps, so its FLOP fraction is left out. JSON lines go to
+benchmarks/results/throughput.jsonl (device, versions, date and load included) and a Markdown
+table is printed (and written with --markdown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from common import RESULTS, compose, emit, environment
+from fedjax_semi import experiment
+from workloads import WORKLOADS, Workload, synthetic_dataset
+
+COHORTS = (10, 30, 100, 300, 1000)
+POPULATIONS = (100, 1000, 10_000, 100_000)
+
+
+def matmul_flops_per_s(n: int | None = None, repeats: int = 5) -> float:
+    """The device's dense f32 matmul rate, measured now: 2 n^3 / median time of n x n @ n x n."""
+    n = n or (8192 if jax.default_backend() == "gpu" else 2048)
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    f = jax.jit(lambda a: a @ a)
+    jax.block_until_ready(f(a))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(a))
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / float(np.median(times))
+
+
+def sgd_step_flops(exp, w: Workload) -> float | None:
+    """FLOPs of one SGD step of the workload's model on one batch (XLA's cost analysis)."""
+    if w.extra:
+        return None
+    model = exp.model
+    variables = model.init(jax.random.PRNGKey(0))
+    x = jnp.zeros((w.batch, *w.input_shape), jnp.uint8)
+    y = jnp.zeros((w.batch,), jnp.int32)
+    tx = optax.sgd(w.lr)
+
+    def step(params, opt, x, y, key):
+        def loss(p):
+            logits, _ = model.apply({**variables, "params": p}, x, train=True, rng=key)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+        g = jax.grad(loss)(params)
+        upd, opt = tx.update(g, opt, params)
+        return optax.apply_updates(params, upd), opt
+
+    params = variables["params"]
+    args = (params, tx.init(params), x, y, jax.random.PRNGKey(1))
+    cost = jax.jit(step).lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float(cost.get("flops", 0.0)) or None
+
+
+def peak_memory() -> dict:
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        return {"peak_bytes": int(stats["peak_bytes_in_use"]), "peak_kind": "device"}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return {"peak_bytes": int(rss), "peak_kind": "process_rss"}
+
+
+def time_round(runner, state, repeats: int) -> tuple[float, list[float]]:
+    t0 = time.perf_counter()
+    state, _ = runner.round(state)
+    jax.block_until_ready(state)
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        state, _ = runner.round(state)
+        jax.block_until_ready(state)
+        times.append(time.perf_counter() - t0)
+    return first, times
+
+
+def client_indices(exp) -> list[np.ndarray]:
+    """Each client's training indices into x_train (labeled and unlabeled roles together)."""
+    part = exp.partition.clients
+    roles = [r for r in ("labeled", "unlabeled") if r in part]
+    return [
+        np.sort(np.concatenate([part[r][c] for r in roles])) for c in range(exp.cfg.num_clients)
+    ]
+
+
+def rates(w: Workload, cohort: int, t: float, flops: float | None, peak: float) -> dict:
+    steps = cohort * w.steps_per_client
+    out = {
+        "round_s": t,
+        "rounds_per_s": 1.0 / t,
+        "client_steps_per_s": steps / t,
+        "samples_per_s": cohort * w.local_epochs * w.per_client / t,
+    }
+    if flops is not None:
+        out["flops_per_round"] = flops * steps
+        out["achieved_flops_per_s"] = flops * steps / t
+        out["fraction_of_matmul_peak"] = flops * steps / t / peak
+    return out
+
+
+def run_workload(w: Workload, args, peak: float, env: dict, **scale) -> list[dict]:
+    clients = scale.get("clients", args.clients or w.clients)
+    cohort = min(scale.get("cohort", w.cohort), clients)  # a scaled-down population caps it
+    ds = synthetic_dataset(w, clients=clients)
+    exp = experiment.build(compose(*w.overrides(clients=clients, cohort=cohort)), dataset=ds)
+    flops = sgd_step_flops(exp, w)
+    base = {
+        "bench": "throughput",
+        "workload": w.name,
+        "title": w.title,
+        "clients": clients,
+        "cohort": cohort,
+        "steps_per_client": w.steps_per_client,
+        "batch": w.batch,
+        "data": "synthetic",
+        "matmul_flops_per_s": peak,
+        "sgd_step_flops": flops,
+    }
+    records = []
+    for chunk in args.chunks.split(","):
+        if chunk == "reference":
+            runner = exp.runner(backend="reference")
+        else:
+            runner = exp.runner(chunk=chunk if chunk in ("all", "auto") else int(chunk))
+        first, times = time_round(runner, runner.init(), args.repeats)
+        t = float(np.median(times))
+        rec = {
+            **base,
+            "engine": "fedjax-semi",
+            "backend": runner.backend,
+            "chunk": chunk if chunk != "auto" else f"auto->{runner.chunk}",
+            "first_round_s": first,
+            "round_s_all": times,
+            **rates(w, cohort, t, flops, peak),
+            **peak_memory(),
+        }
+        emit({**rec, **env}, Path(args.out))
+        records.append(rec)
+    if args.torch and not w.extra:
+        import torch_loop
+
+        why = torch_loop.available()
+        if why:
+            print(f"# PyTorch loop skipped: {why}")
+        else:
+            res = torch_loop.torch_fedavg(
+                w,
+                ds.x_train,
+                ds.y_train,
+                client_indices(exp),
+                ds.x_test,
+                ds.y_test,
+                ds.mean,
+                ds.std,
+                rounds=args.repeats + 1,
+                seed=0,
+                device="cuda" if jax.default_backend() == "gpu" else "cpu",
+            )
+            t = float(np.median(res["round_s"]))
+            rec = {
+                **base,
+                "engine": "pytorch_loop",
+                "backend": "torch",
+                "chunk": "-",
+                "first_round_s": res["first_round_s"],
+                "round_s_all": res["round_s"],
+                **rates(w, cohort, t, flops, peak),
+                **peak_memory(),
+            }
+            emit({**rec, **env}, Path(args.out))
+            records.append(rec)
+    return records
+
+
+def markdown(records: list[dict], device: str) -> str:
+    lines = [
+        f"Device: {device}",
+        "",
+        "| workload | clients | cohort | engine | chunk | s/round | rounds/s | client-steps/s "
+        "| samples/s | % matmul peak | peak mem (GiB) | vs reference |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    ref = {
+        (r["workload"], r["clients"], r["cohort"]): r["round_s"]
+        for r in records
+        if r["backend"] == "reference"
+    }
+    for r in records:
+        frac = r.get("fraction_of_matmul_peak")
+        pct = "-" if frac is None else f"{100 * frac:.1f}"
+        base = ref.get((r["workload"], r["clients"], r["cohort"]))
+        speedup = "-" if base is None else f"{base / r['round_s']:.2f}x"
+        lines.append(
+            f"| {r['workload']} | {r['clients']} | {r['cohort']} | {r['engine']} | {r['chunk']} "
+            f"| {r['round_s']:.3f} | {r['rounds_per_s']:.2f} | {r['client_steps_per_s']:,.0f} "
+            f"| {r['samples_per_s']:,.0f} | {pct} "
+            f"| {r['peak_bytes'] / 2**30:.2f} ({r['peak_kind']}) | {speedup} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", default="W1,W2,W3,W4")
+    ap.add_argument("--clients", type=int, default=0, help="population (default: the workload's)")
+    ap.add_argument("--chunks", default="1,8,all,reference")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--torch", action="store_true", help="also the PyTorch per-client loop")
+    ap.add_argument("--scan", choices=("cohort", "population"), default=None)
+    ap.add_argument("--markdown", default="")
+    ap.add_argument("--out", default=str(RESULTS / "throughput.jsonl"))
+    args = ap.parse_args()
+    env, peak = environment(), matmul_flops_per_s()
+    records = []
+    for name in args.workloads.split(","):
+        w = WORKLOADS[name]
+        if args.scan == "cohort":  # rounds/s against cohort size at a fixed population
+            pop = args.clients or w.clients
+            for cohort in (c for c in COHORTS if c <= pop):
+                records += run_workload(w, args, peak, env, clients=pop, cohort=cohort)
+        elif args.scan == "population":  # cost per round at a fixed cohort
+            for pop in POPULATIONS:
+                records += run_workload(w, args, peak, env, clients=pop, cohort=w.cohort)
+        else:
+            records += run_workload(w, args, peak, env)
+    device = f"{jax.devices()[0].device_kind} ({env['platform']}, {env['cpu_count']} CPU cores)"
+    table = markdown(records, device)
+    print(table)
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
