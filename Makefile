@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-slow bench lint data setup clean
+.PHONY: run test test-slow bench bench-throughput bench-peers lint data setup clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,30 @@ test-slow: $(STAMP)
 
 bench: data
 	$(PY) benchmarks/engine.py
+
+# The standard workloads W1-W4, every mapping side by side, plus the PyTorch per-client loop.
+bench-throughput: data
+	$(PY) -m pip install -q torch --index-url $(TORCH_CPU_INDEX)
+	$(PY) benchmarks/throughput.py --torch $(BENCH_ARGS)
+
+# Optional peers (no test needs them): pfl-research on W1, Flower's simulation engine on W3.
+# pfl and flwr would downgrade absl-py/attrs/protobuf/rich in $(VENV), so they get their own venv
+# with jax/flax/optax pinned to $(VENV)'s versions (benchmarks/common.py records them).
+PEERS_VENV ?= .venv-peers
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+PEERS_ARGS ?= --rounds 20
+
+$(PEERS_VENV)/.installed: $(STAMP)
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install -q torch --index-url $(TORCH_CPU_INDEX)
+	$(PEERS_VENV)/bin/pip install -q pfl "flwr[simulation]" \
+		$$($(VENV)/bin/pip freeze | grep -E '^(jax|jaxlib|flax|optax)==')
+	$(PEERS_VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+bench-peers: $(PEERS_VENV)/.installed
+	$(PEERS_VENV)/bin/python benchmarks/peers/pfl_w1.py $(PEERS_ARGS)
+	$(PEERS_VENV)/bin/python benchmarks/peers/flower_w3.py $(PEERS_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -7,6 +7,7 @@ hyper-parameters.
                                     [--repeats 3] [--torch] [--markdown PATH]
     python benchmarks/throughput.py --scan cohort     [--workloads W3]   # 10 ... 1000 per round
     python benchmarks/throughput.py --scan population [--workloads W3]   # 100 ... 100,000 clients
+    python benchmarks/throughput.py --accuracy 50 --seeds 3 [--workloads W1,W3]  # agreement
 
 Per mapping: rounds/s, client-steps/s, samples/s (the samples the clients train on), peak
 memory (device peak where the backend reports it, else the process's peak RSS, which only grows
@@ -17,6 +18,10 @@ once, which is why the round program itself is not analysed; W4's round is not a
 of SGD steps, so its FLOP fraction is left out. JSON lines go to
 benchmarks/results/throughput.jsonl (device, versions, date and load included) and a Markdown
 table is printed (and written with --markdown).
+
+--accuracy R trains each workload for R rounds on real Fashion-MNIST in the workload's shape
+(`workloads.learnable_dataset`), with the engine and with the PyTorch loop, for --seeds seeds
+each, and reports both final test accuracies: a fast simulator that learns differently is wrong.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import optax
 
 from common import RESULTS, compose, emit, environment
 from fedjax_semi import experiment
-from workloads import WORKLOADS, Workload, synthetic_dataset
+from workloads import WORKLOADS, Workload, learnable_dataset, synthetic_dataset
 
 COHORTS = (10, 30, 100, 300, 1000)
 POPULATIONS = (100, 1000, 10_000, 100_000)
@@ -199,6 +204,57 @@ def run_workload(w: Workload, args, peak: float, env: dict, **scale) -> list[dic
     return records
 
 
+def accuracy_agreement(w: Workload, args, env: dict) -> dict:
+    """Final global test accuracy after args.accuracy rounds, engine vs PyTorch loop, per seed."""
+    import torch_loop
+
+    why = torch_loop.available()
+    if why:
+        raise SystemExit(f"--accuracy needs PyTorch: {why}")
+    clients = args.clients or w.clients
+    ds = learnable_dataset(w, clients=clients)
+    chunk = args.chunks.split(",")[0]
+    out = {"engine": [], "pytorch_loop": []}
+    for seed in range(args.seeds):
+        over = [*w.overrides(clients=clients, cohort=min(w.cohort, clients)), f"seed={seed}"]
+        exp = experiment.build(compose(*over), dataset=ds)
+        runner = exp.runner(chunk=chunk if chunk in ("all", "auto") else int(chunk))
+        state = runner.init()
+        for _ in range(args.accuracy):
+            state, _ = runner.round(state)
+        out["engine"].append(float(runner.evaluate(state)["global_acc"]))
+        res = torch_loop.torch_fedavg(
+            w,
+            ds.x_train,
+            ds.y_train,
+            client_indices(exp),
+            ds.x_test,
+            ds.y_test,
+            ds.mean,
+            ds.std,
+            rounds=args.accuracy,
+            seed=seed,
+        )
+        out["pytorch_loop"].append(float(res["accuracy"]))
+    rec = {
+        "bench": "accuracy_agreement",
+        "workload": w.name,
+        "title": w.title,
+        "clients": clients,
+        "rounds": args.accuracy,
+        "seeds": args.seeds,
+        "data": ds.name,
+        "engine_acc": out["engine"],
+        "pytorch_acc": out["pytorch_loop"],
+        "engine_mean": float(np.mean(out["engine"])),
+        "engine_std": float(np.std(out["engine"])),
+        "pytorch_mean": float(np.mean(out["pytorch_loop"])),
+        "pytorch_std": float(np.std(out["pytorch_loop"])),
+    }
+    emit({**rec, **env}, Path(args.out))
+    return rec
+
+
 def markdown(records: list[dict], device: str) -> str:
     lines = [
         f"Device: {device}",
@@ -235,9 +291,20 @@ def main() -> None:
     ap.add_argument("--torch", action="store_true", help="also the PyTorch per-client loop")
     ap.add_argument("--scan", choices=("cohort", "population"), default=None)
     ap.add_argument("--markdown", default="")
+    ap.add_argument("--accuracy", type=int, default=0, help="rounds of the accuracy check")
+    ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--out", default=str(RESULTS / "throughput.jsonl"))
     args = ap.parse_args()
-    env, peak = environment(), matmul_flops_per_s()
+    env = environment()
+    if args.accuracy:
+        for name in args.workloads.split(","):
+            r = accuracy_agreement(WORKLOADS[name], args, env)
+            print(
+                f"{name}: engine {100 * r['engine_mean']:.1f} +- {100 * r['engine_std']:.1f}, "
+                f"PyTorch loop {100 * r['pytorch_mean']:.1f} +- {100 * r['pytorch_std']:.1f}"
+            )
+        return
+    peak = matmul_flops_per_s()
     records = []
     for name in args.workloads.split(","):
         w = WORKLOADS[name]

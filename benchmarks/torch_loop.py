@@ -1,0 +1,308 @@
+"""Plain PyTorch per-client FedAvg, the way the papers' own code runs (pfl-research, FLUTE,
+Flower clients): one model instance, clients trained one after the other with torch.optim.SGD,
+the weighted mean of their parameters applied by the server. The PyTorch side of the throughput
+comparison for workloads W1-W3 of workloads.py.
+
+    python benchmarks/torch_loop.py --workload W3 --rounds 5 [--clients N]
+        [--data synthetic|fashion_mnist] [--device cpu] [--threads T] [--out FILE]
+
+Prints one JSON line (and appends it to FILE when --out is given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from common import emit, environment
+from workloads import WORKLOADS, Workload, learnable_dataset, synthetic_dataset
+
+if TYPE_CHECKING:
+    import torch
+
+# The parameter counts of our JAX models (and of the papers' models) for the same workloads.
+PARAMS = {"W1": 1_626_442, "W2": 6_603_710, "W3": 199_210}
+
+
+def available() -> str | None:
+    """None when PyTorch can be imported, else a one-line reason."""
+    try:
+        import torch  # noqa: F401
+    except Exception as e:  # any failure (missing wheel, broken install) means unavailable
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def torch_model(w: Workload) -> torch.nn.Module:
+    """The workload's model in PyTorch; inputs NCHW float (see `preprocess`)."""
+    from torch import nn
+
+    if w.name == "W1":
+        # pfl-research `simple_cnn` (benchmarks/model/pytorch/cnn.py): VALID convs, 32x32 -> 14x14.
+        model = nn.Sequential(
+            nn.Conv2d(w.input_shape[-1], 32, 3),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 3),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Dropout(0.25),
+            nn.Flatten(),
+            nn.Linear(14 * 14 * 64, 128),
+            nn.ReLU(),
+            nn.Dropout(0.5),
+            nn.Linear(128, w.num_classes),
+        )
+        # pfl uses Glorot-uniform kernels (to match its TF model); biases keep torch's init.
+        for m in model.modules():
+            if isinstance(m, nn.Conv2d | nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+        return model
+    if w.name == "W2":
+        # LEAF / FLUTE FEMNIST CNN: SAME 5x5 convs, two 2x2 pools, 28 -> 7.
+        return nn.Sequential(
+            nn.Conv2d(w.input_shape[-1], 32, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(7 * 7 * 64, 2048),
+            nn.ReLU(),
+            nn.Linear(2048, w.num_classes),
+        )
+    if w.name == "W3":
+        h, wd, c = w.input_shape
+        return nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(h * wd * c, 200),
+            nn.ReLU(),
+            nn.Linear(200, 200),
+            nn.ReLU(),
+            nn.Linear(200, w.num_classes),
+        )
+    raise ValueError(f"{w.name}: the PyTorch loop covers W1, W2 and W3 only")
+
+
+def param_count(model: torch.nn.Module, w: Workload) -> int:
+    """The number of trainable parameters, asserted equal to our JAX model's."""
+    n = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert n == PARAMS[w.name], f"{w.name}: {n} parameters, expected {PARAMS[w.name]}"
+    return n
+
+
+def preprocess(
+    x: np.ndarray,
+    mean: Sequence[float],
+    std: Sequence[float],
+    device: str | torch.device,
+    chunk: int = 65536,
+) -> torch.Tensor:
+    """uint8 NHWC -> float32 NCHW, (x/255 - mean) / std per channel, as our data pipeline does.
+    In chunks, so the float copy of a large training set is made only once."""
+    import torch
+
+    dev = torch.device(device)
+    m = torch.tensor(mean, dtype=torch.float32, device=dev).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=torch.float32, device=dev).view(1, -1, 1, 1)
+    n, h, wd, c = x.shape
+    out = torch.empty((n, c, h, wd), dtype=torch.float32, device=dev)
+    for i in range(0, n, chunk):
+        xb = torch.from_numpy(np.array(x[i : i + chunk])).to(dev)  # a writable copy
+        out[i : i + chunk] = (xb.permute(0, 3, 1, 2).float() / 255.0 - m) / s
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def torch_fedavg(
+    w: Workload,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    client_idx: list[np.ndarray],
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    mean: Sequence[float],
+    std: Sequence[float],
+    rounds: int,
+    seed: int = 0,
+    device: str = "cpu",
+    threads: int | None = None,
+) -> dict:
+    """`rounds` rounds of FedAvg over `client_idx` (one index array into x_train per client).
+
+    Returns {"first_round_s", "round_s" (rounds after the first), "accuracy" (final global model
+    on the test set), "train_loss_last_round" (mean over the examples of the last round),
+    "params", "cohort"}."""
+    import torch
+    import torch.nn.functional as F
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    dev = torch.device(device)
+
+    # All clients' data as one preprocessed tensor on the device (pfl's in-RAM dataset);
+    # batches are gathered from it by index.
+    x = preprocess(x_train, mean, std, dev)
+    y = torch.from_numpy(np.array(y_train, dtype=np.int64)).to(dev)
+    model = torch_model(w).to(dev)
+    n_params = param_count(model, w)
+    params = list(model.parameters())
+    global_params = [p.detach().clone() for p in params]
+    # No momentum and no weight decay: SGD keeps no state, so one optimizer serves all clients.
+    opt = torch.optim.SGD(params, lr=w.lr, momentum=0.0, weight_decay=0.0)
+    cohort = min(w.cohort, len(client_idx))
+
+    times: list[float] = []
+    last_loss = float("nan")
+    for _ in range(rounds):
+        _sync(dev)
+        t0 = time.perf_counter()
+        sampled = rng.choice(len(client_idx), size=cohort, replace=False)
+        acc = [torch.zeros_like(g) for g in global_params]
+        total = 0
+        loss_sum = torch.zeros((), device=dev)  # on the device: no sync per step
+        model.train()
+        for c in sampled:
+            with torch.no_grad():
+                for p, g in zip(params, global_params, strict=True):
+                    p.copy_(g)
+            idx = client_idx[c]
+            n_c = len(idx)
+            for _ in range(w.local_epochs):
+                order = torch.from_numpy(rng.permutation(idx)).to(dev)
+                for i in range(0, n_c, w.batch):
+                    b = order[i : i + w.batch]
+                    loss = F.cross_entropy(model(x[b]), y[b])
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    loss_sum += loss.detach() * len(b)
+            with torch.no_grad():
+                for a, p in zip(acc, params, strict=True):
+                    a.add_(p, alpha=float(n_c))
+            total += n_c
+        with torch.no_grad():
+            for g, a in zip(global_params, acc, strict=True):
+                g.add_(a / total - g, alpha=w.server_lr)
+        last_loss = loss_sum.item() / (total * w.local_epochs)
+        _sync(dev)
+        times.append(time.perf_counter() - t0)
+
+    # Test accuracy of the final global model.
+    with torch.no_grad():
+        for p, g in zip(params, global_params, strict=True):
+            p.copy_(g)
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(x_test), 1000):
+            xb = preprocess(x_test[i : i + 1000], mean, std, dev)
+            yb = torch.from_numpy(np.array(y_test[i : i + 1000], dtype=np.int64)).to(dev)
+            correct += int((model(xb).argmax(-1) == yb).sum().item())
+    return {
+        "first_round_s": times[0] if times else None,
+        "round_s": times[1:],
+        "accuracy": correct / max(len(x_test), 1),
+        "train_loss_last_round": last_loss,
+        "params": n_params,
+        "cohort": cohort,
+    }
+
+
+def iid_split(n_clients: int, per_client: int, seed: int = 0) -> list[np.ndarray]:
+    """A seeded permutation of n_clients * per_client indices cut into equal clients."""
+    perm = np.random.default_rng(seed).permutation(n_clients * per_client)
+    return [perm[i * per_client : (i + 1) * per_client] for i in range(n_clients)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", default="W3", choices=["W1", "W2", "W3"])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--clients", type=int, default=None, help="default: the workload's")
+    ap.add_argument("--data", default="synthetic", choices=["synthetic", "fashion_mnist"])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="also append the JSON line to this file")
+    args = ap.parse_args()
+
+    reason = available()
+    if reason is not None:
+        raise SystemExit(f"torch unavailable: {reason}")
+    import torch
+
+    w = WORKLOADS[args.workload]
+    clients = args.clients or w.clients
+    if args.data == "synthetic":
+        ds = synthetic_dataset(w, clients=clients, seed=args.seed)
+    else:
+        ds = learnable_dataset(w, clients=clients, seed=args.seed)
+    res = torch_fedavg(
+        w,
+        ds.x_train,
+        ds.y_train,
+        iid_split(clients, w.per_client, args.seed),
+        ds.x_test,
+        ds.y_test,
+        ds.mean,
+        ds.std,
+        rounds=args.rounds,
+        seed=args.seed,
+        device=args.device,
+        threads=args.threads,
+    )
+    # Steady state: the median of the rounds after the first (the first when there is only one).
+    steady = statistics.median(res["round_s"]) if res["round_s"] else res["first_round_s"]
+    cohort = res["cohort"]
+    record = {
+        "bench": "torch_loop",
+        "framework": "pytorch",
+        "workload": w.name,
+        "title": w.title,
+        "data": args.data,
+        "clients": clients,
+        "per_client": w.per_client,
+        "cohort": cohort,
+        "local_epochs": w.local_epochs,
+        "batch": w.batch,
+        "lr": w.lr,
+        "server_lr": w.server_lr,
+        "steps_per_client": w.steps_per_client,
+        "rounds": args.rounds,
+        "params": res["params"],
+        "first_round_s": res["first_round_s"],
+        "round_s_median": steady,
+        "rounds_per_s": 1.0 / steady,
+        "client_steps_per_s": cohort * w.steps_per_client / steady,
+        "samples_per_s": cohort * w.local_epochs * w.per_client / steady,
+        "accuracy": res["accuracy"],
+        "train_loss_last_round": res["train_loss_last_round"],
+        "torch": torch.__version__,
+        "torch_device": args.device,
+        "torch_threads": torch.get_num_threads(),
+        **environment(),
+    }
+    if args.out:
+        emit(record, Path(args.out))
+    else:
+        print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    main()
