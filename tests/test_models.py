@@ -113,7 +113,7 @@ def test_dropout_inverted_and_switchable() -> None:
 
 
 def test_registry_and_validation() -> None:
-    assert model_names() == sorted(MODELS) == ["cnn", "mlp", "resnet9", "text"]
+    assert model_names() == sorted(MODELS) == ["cnn", "mlp", "resnet9", "simple_cnn", "text"]
     with pytest.raises(ValueError, match=r"model\.name.*'bogus'.*cnn, mlp, resnet9, text"):
         make_model("bogus", SHAPE, 10)
     with pytest.raises(ValueError, match=r"model\.width"):
