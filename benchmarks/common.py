@@ -43,6 +43,14 @@ def dataset_or_synthetic(name: str = "fashion_mnist"):
         return ds, "synthetic"
 
 
+def runner_for(exp, chunk: str):
+    """The experiment's runner for a --chunks entry: 'reference' (the per-client loop), 'all',
+    'auto' or a chunk size."""
+    if chunk == "reference":
+        return exp.runner(backend="reference")
+    return exp.runner(chunk=chunk if chunk in ("all", "auto") else int(chunk))
+
+
 def time_rounds(runner, state, repeats: int) -> tuple[float, list[float], object]:
     """(compile+first round seconds, steady-state round times, final state)."""
     t0 = time.perf_counter()

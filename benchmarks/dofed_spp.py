@@ -24,7 +24,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from common import RESULTS, compose, dataset_or_synthetic, emit, environment
+from common import RESULTS, compose, dataset_or_synthetic, emit, environment, runner_for
 from fedjax_semi import experiment
 
 
@@ -84,10 +84,7 @@ def main() -> None:
         )
         exp = experiment.build(cfg, dataset=ds)
         for chunk in args.chunks.split(","):
-            if chunk == "reference":
-                runner = exp.runner(backend="reference")
-            else:
-                runner = exp.runner(chunk=chunk if chunk == "all" else int(chunk))
+            runner = runner_for(exp, chunk)
             state = runner.init()
             first, t_round, all_round = timed(lambda r=runner, s=state: r.round(s)[0], args.repeats)
             record = {

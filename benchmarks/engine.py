@@ -13,7 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-from common import RESULTS, compose, dataset_or_synthetic, emit, environment, time_rounds
+from common import (
+    RESULTS,
+    compose,
+    dataset_or_synthetic,
+    emit,
+    environment,
+    runner_for,
+    time_rounds,
+)
 from fedjax_semi import experiment
 
 
@@ -43,10 +51,7 @@ def main() -> None:
         )
         exp = experiment.build(cfg, dataset=ds)
         for chunk in args.chunks.split(","):
-            if chunk == "reference":
-                runner = exp.runner(backend="reference")
-            else:
-                runner = exp.runner(backend="jit", chunk=chunk if chunk == "all" else int(chunk))
+            runner = runner_for(exp, chunk)
             first, times, _ = time_rounds(runner, runner.init(), args.repeats)
             t = float(np.median(times))
             client_steps = args.clients * args.steps

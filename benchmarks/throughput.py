@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from common import RESULTS, compose, emit, environment
+from common import RESULTS, compose, emit, environment, runner_for, time_rounds
 from fedjax_semi import experiment
 from workloads import WORKLOADS, Workload, learnable_dataset, synthetic_dataset
 
@@ -92,18 +92,12 @@ def peak_memory() -> dict:
     return {"peak_bytes": int(rss), "peak_kind": "process_rss"}
 
 
-def time_round(runner, state, repeats: int) -> tuple[float, list[float]]:
-    t0 = time.perf_counter()
-    state, _ = runner.round(state)
-    jax.block_until_ready(state)
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        state, _ = runner.round(state)
-        jax.block_until_ready(state)
-        times.append(time.perf_counter() - t0)
-    return first, times
+def run_torch(w: Workload, ds, exp, **kw) -> dict:
+    """The PyTorch per-client loop on the same data and client split as `exp`."""
+    import torch_loop
+
+    x = (ds.x_train, ds.y_train, client_indices(exp), ds.x_test, ds.y_test, ds.mean, ds.std)
+    return torch_loop.torch_fedavg(w, *x, **kw)
 
 
 def client_indices(exp) -> list[np.ndarray]:
@@ -150,11 +144,8 @@ def run_workload(w: Workload, args, peak: float, env: dict, **scale) -> list[dic
     }
     records = []
     for chunk in args.chunks.split(","):
-        if chunk == "reference":
-            runner = exp.runner(backend="reference")
-        else:
-            runner = exp.runner(chunk=chunk if chunk in ("all", "auto") else int(chunk))
-        first, times = time_round(runner, runner.init(), args.repeats)
+        runner = runner_for(exp, chunk)
+        first, times, _ = time_rounds(runner, runner.init(), args.repeats)
         t = float(np.median(times))
         rec = {
             **base,
@@ -175,22 +166,19 @@ def run_workload(w: Workload, args, peak: float, env: dict, **scale) -> list[dic
         if why:
             print(f"# PyTorch loop skipped: {why}")
         else:
-            res = torch_loop.torch_fedavg(
+            res = run_torch(
                 w,
-                ds.x_train,
-                ds.y_train,
-                client_indices(exp),
-                ds.x_test,
-                ds.y_test,
-                ds.mean,
-                ds.std,
+                ds,
+                exp,
                 rounds=args.repeats + 1,
                 seed=0,
                 device="cuda" if jax.default_backend() == "gpu" else "cpu",
+                threads=args.torch_threads,
             )
             t = float(np.median(res["round_s"]))
             rec = {
                 **base,
+                "torch_threads": args.torch_threads,
                 "engine": "pytorch_loop",
                 "backend": "torch",
                 "chunk": "-",
@@ -218,22 +206,18 @@ def accuracy_agreement(w: Workload, args, env: dict) -> dict:
     for seed in range(args.seeds):
         over = [*w.overrides(clients=clients, cohort=min(w.cohort, clients)), f"seed={seed}"]
         exp = experiment.build(compose(*over), dataset=ds)
-        runner = exp.runner(chunk=chunk if chunk in ("all", "auto") else int(chunk))
+        runner = runner_for(exp, chunk)
         state = runner.init()
         for _ in range(args.accuracy):
             state, _ = runner.round(state)
         out["engine"].append(float(runner.evaluate(state)["global_acc"]))
-        res = torch_loop.torch_fedavg(
+        res = run_torch(
             w,
-            ds.x_train,
-            ds.y_train,
-            client_indices(exp),
-            ds.x_test,
-            ds.y_test,
-            ds.mean,
-            ds.std,
+            ds,
+            exp,
             rounds=args.accuracy,
             seed=seed,
+            threads=args.torch_threads,
         )
         out["pytorch_loop"].append(float(res["accuracy"]))
     rec = {
@@ -289,6 +273,9 @@ def main() -> None:
     ap.add_argument("--chunks", default="1,8,all,reference")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--torch", action="store_true", help="also the PyTorch per-client loop")
+    # One intra-op thread by default: on a small shared CPU torch's OpenMP threads spin against
+    # XLA's and other jobs (a W3 round took 3.75 s with 2 threads, 0.023 s with 1, under load).
+    ap.add_argument("--torch-threads", type=int, default=1)
     ap.add_argument("--scan", choices=("cohort", "population"), default=None)
     ap.add_argument("--markdown", default="")
     ap.add_argument("--accuracy", type=int, default=0, help="rounds of the accuracy check")

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common import RESULTS, compose, dataset_or_synthetic, emit, environment
+from common import RESULTS, compose, dataset_or_synthetic, emit, environment, runner_for
 from fedjax_semi import experiment
 from fedjax_semi.engine.clients import MC_STATS, map_clients
 
@@ -81,10 +81,7 @@ def main() -> None:
     single = copy.copy(alg)
     single.cfg = dataclasses.replace(c, mc_samples=1)
     for chunk in args.chunks.split(","):
-        if chunk == "reference":
-            runner = exp.runner(backend="reference")
-        else:
-            runner = exp.runner(chunk=chunk if chunk == "all" else int(chunk))
+        runner = runner_for(exp, chunk)
         state = runner.init()
         plain = state.replace(round=jnp.asarray(t_plain - 1, state.round.dtype))
         t_search, all_search = timed(lambda r=runner, s=state: r.round(s)[0], args.repeats)
