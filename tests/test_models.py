@@ -114,7 +114,8 @@ def test_dropout_inverted_and_switchable() -> None:
 
 def test_registry_and_validation() -> None:
     assert model_names() == sorted(MODELS) == ["cnn", "mlp", "resnet9", "simple_cnn", "text"]
-    with pytest.raises(ValueError, match=r"model\.name.*'bogus'.*cnn, mlp, resnet9, simple_cnn, text"):
+    allowed = "cnn, mlp, resnet9, simple_cnn, text"
+    with pytest.raises(ValueError, match=rf"model\.name.*'bogus'.*{allowed}"):
         make_model("bogus", SHAPE, 10)
     with pytest.raises(ValueError, match=r"model\.width"):
         make_model("cnn", SHAPE, 10, width=0.0)
