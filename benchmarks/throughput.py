@@ -8,6 +8,7 @@ hyper-parameters.
     python benchmarks/throughput.py --scan cohort     [--workloads W3]   # 10 ... 1000 per round
     python benchmarks/throughput.py --scan population [--workloads W3]   # 100 ... 100,000 clients
     python benchmarks/throughput.py --accuracy 50 --seeds 3 [--workloads W1,W3]  # agreement
+    python benchmarks/throughput.py --replicas 4 [--workloads W3] [--chunks 1,all]  # seeds
 
 Per mapping: rounds/s, client-steps/s, samples/s (the samples the clients train on), peak
 memory (device peak where the backend reports it, else the process's peak RSS, which only grows
@@ -27,6 +28,7 @@ each, and reports both final test accuracies: a fast simulator that learns diffe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import resource
 import time
 from pathlib import Path
@@ -239,6 +241,55 @@ def accuracy_agreement(w: Workload, args, env: dict) -> dict:
     return rec
 
 
+def replicas_vs_sequential(w: Workload, args, env: dict) -> list[dict]:
+    """--replicas R: the seeds 0..R-1 of the workload as one program (a leading replica axis,
+    `Runner(seeds=...)`) against the same seeds one after another (one runner per seed, each
+    compiled for its own seed, as separate runs would be), at each engine chunk of --chunks.
+    Steady-state round times (median of --repeats after a first round) and the first rounds
+    (compile included) are both reported: R sequential runs also compile R times."""
+    clients = args.clients or w.clients
+    cohort = min(w.cohort, clients)
+    ds = synthetic_dataset(w, clients=clients)
+    exp = experiment.build(compose(*w.overrides(clients=clients, cohort=cohort)), dataset=ds)
+    seeds = list(range(args.replicas))
+    records = []
+    for chunk in (c for c in args.chunks.split(",") if c not in ("reference", "auto")):
+        size = chunk if chunk == "all" else int(chunk)
+        one = exp.runner(chunk=size, seeds=seeds)
+        first, times, _ = time_rounds(one, one.init(), args.repeats)
+        seq_first, seq_round = 0.0, 0.0
+        for seed in seeds:
+            alone = dataclasses.replace(exp, alg=dataclasses.replace(exp.alg, seed=seed))
+            runner = alone.runner(chunk=size)
+            f, t, _ = time_rounds(runner, runner.init(), args.repeats)
+            seq_first += f
+            seq_round += float(np.median(t))
+        t = float(np.median(times))
+        steps = len(seeds) * cohort * w.steps_per_client
+        rec = {
+            "bench": "replicas",
+            "workload": w.name,
+            "title": w.title,
+            "clients": clients,
+            "cohort": cohort,
+            "data": "synthetic",
+            "replicas": len(seeds),
+            "chunk": chunk,
+            "one_program_round_s": t,
+            "one_program_round_s_all": times,
+            "sequential_round_s": seq_round,
+            "speedup": seq_round / t,
+            "one_program_first_round_s": first,
+            "sequential_first_rounds_s": seq_first,
+            "one_program_client_steps_per_s": steps / t,
+            "sequential_client_steps_per_s": steps / seq_round,
+            **peak_memory(),
+        }
+        emit({**rec, **env}, Path(args.out))
+        records.append(rec)
+    return records
+
+
 def markdown(records: list[dict], device: str) -> str:
     lines = [
         f"Device: {device}",
@@ -281,8 +332,18 @@ def main() -> None:
     ap.add_argument("--accuracy", type=int, default=0, help="rounds of the accuracy check")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--out", default=str(RESULTS / "throughput.jsonl"))
+    ap.add_argument("--replicas", type=int, default=0, help="seeds as one program vs in turn")
     args = ap.parse_args()
     env = environment()
+    if args.replicas:
+        for name in args.workloads.split(","):
+            for r in replicas_vs_sequential(WORKLOADS[name], args, env):
+                print(
+                    f"{name} chunk={r['chunk']}: {r['replicas']} seeds as one program "
+                    f"{r['one_program_round_s']:.4f} s/round, one after another "
+                    f"{r['sequential_round_s']:.4f} s/round: {r['speedup']:.2f}x"
+                )
+        return
     if args.accuracy:
         for name in args.workloads.split(","):
             r = accuracy_agreement(WORKLOADS[name], args, env)

@@ -41,6 +41,7 @@ def _task(cfg) -> float | None:
     print(
         f"{c.algorithm.name}: {summary['rounds_completed']} rounds, "
         + ", ".join(f"{k}={v:.4f}" for k, v in shown.items() if v is not None)
+        + (f" (mean of seeds {summary['seeds']})" if "seeds" in summary else "")
         + f" ({summary['stop_reason']}); outputs in {out_dir}"
     )
     return final.get("accuracy")

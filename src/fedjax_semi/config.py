@@ -134,8 +134,8 @@ class DatasetConfig:
     # Text datasets: vocabulary size (incl. padding and unknown ids) and sequence length.
     vocab_size: int = 20000
     seq_len: int = 128
-    # Keep a random share of the official train and test sets (per class, seeded by `seed`), for
-    # reduced-scale runs with the paper's participation per client; 1.0 = all of it.
+    # Keep a random share of the official train and test sets (per class, seeded by `data_seed`,
+    # or `seed`), for reduced-scale runs with the paper's participation per client; 1.0 = all of it.
     fraction: float = 1.0
 
 
@@ -233,6 +233,13 @@ class Config:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     stop: StopConfig = field(default_factory=StopConfig)
     seed: int = 0
+    # The seed of the data (partition, subsample, server pool); null = `seed`. Fix it to vary
+    # only the training randomness (model init, cohort sampling, dropout) across seeds.
+    data_seed: int | None = None
+    # Seeds seed, seed+1, ..., seed+replicas-1 of one experiment as ONE compiled program (a
+    # leading replica axis; the data come from `data_seed`, or `seed`, and are shared). Each seed
+    # writes its own run directory, seed_<s>/, under the run's.
+    replicas: int = 1
     rounds: int = 30
     num_clients: int = 100
     clients_per_round: int = 10
@@ -335,6 +342,14 @@ def validate(cfg: Config) -> None:
         )
     if cfg.rounds < 1:
         raise bad("rounds", cfg.rounds, "an integer >= 1")
+    if not (isinstance(cfg.replicas, int) and cfg.replicas >= 1):
+        raise bad("replicas", cfg.replicas, "an integer >= 1")
+    if cfg.replicas > 1 and h.backend != "jit":
+        raise bad(
+            "replicas",
+            cfg.replicas,
+            "1 with hardware.backend=reference (replicas are one compiled program)",
+        )
     for key in ("eval_every", "checkpoint_every"):
         if getattr(cfg, key) < 1:
             raise bad(key, getattr(cfg, key), "an integer >= 1")

@@ -26,7 +26,8 @@ class Experiment:
     model: Model
     alg: Algorithm
 
-    def runner(self, backend: str | None = None, chunk=None, eval_chunk=None) -> Runner:
+    def runner(self, backend: str | None = None, chunk=None, eval_chunk=None, seeds=None) -> Runner:
+        """The config's runner; arguments override hardware.* and the replica seeds."""
         h = self.cfg.hardware
         return Runner(
             self.alg,
@@ -37,7 +38,13 @@ class Experiment:
                 "hardware.eval_chunk", h.eval_chunk if eval_chunk is None else eval_chunk
             ),
             devices=num_devices(h.devices),
+            seeds=self.replica_seeds() if seeds is None else seeds,
         )
+
+    def replica_seeds(self) -> list[int] | None:
+        """The seeds of the replica axis (`replicas` > 1), or None for a single run."""
+        c = self.cfg
+        return [c.seed + r for r in range(c.replicas)] if c.replicas > 1 else None
 
 
 def num_devices(devices: int | str) -> int:
@@ -58,7 +65,7 @@ def make_partition(cfg: Config, ds: ArrayDataset) -> Partition:
             )
         return part
     knobs = {k: v for k, v in dataclasses.asdict(p).items() if k != "file"}
-    return build_partition(ds, num_clients=cfg.num_clients, seed=cfg.seed, **knobs)
+    return build_partition(ds, num_clients=cfg.num_clients, seed=data_seed(cfg), **knobs)
 
 
 def client_views(ds: ArrayDataset, part: Partition):
@@ -95,7 +102,7 @@ def server_pool(cfg: Config, ds: ArrayDataset) -> dict[str, np.ndarray] | None:
     if "x_unlabeled" in other.extra:  # STL-10's unlabeled split belongs in a server pool
         x = np.concatenate([x, np.asarray(other.extra["x_unlabeled"])])
     if d.server_pool_size:
-        rng = np.random.default_rng([cfg.seed, 7])
+        rng = np.random.default_rng([data_seed(cfg), 7])
         x = x[np.sort(rng.choice(len(x), min(d.server_pool_size, len(x)), replace=False))]
     return {SERVER_POOL_ROLE[scheme]: resize_images(x, ds.x_train.shape[1:])}
 
@@ -133,7 +140,7 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
         ds = dataset
     else:
         ds = load_dataset(d.name, d.data_dir, vocab_size=d.vocab_size, seq_len=d.seq_len)
-    ds = subsample(ds, d.fraction, cfg.seed)
+    ds = subsample(ds, d.fraction, data_seed(cfg))
     part = make_partition(cfg, ds)
     fed = build_federated(
         *client_views(ds, part), part, num_classes(ds, part), server_pool(cfg, ds)
@@ -187,6 +194,8 @@ def run(exp: Experiment, out_dir: str | Path) -> dict:
     (out / "counts.json").write_text(
         json.dumps({k: v.tolist() for k, v in exp.partition.counts().items()})
     )
+    for s in exp.replica_seeds() or []:
+        write_seed_config(cfg, out, s)
     return simulate(
         exp.alg,
         exp.fed,
@@ -201,3 +210,27 @@ def run(exp: Experiment, out_dir: str | Path) -> dict:
         progress=cfg.progress,
         title=f"{cfg.algorithm.name} on {cfg.dataset.name} ({cfg.partition.scheme})",
     )
+
+
+def data_seed(cfg: Config) -> int:
+    """The seed of the data: the partition, the subsample and the server pool (`data_seed`, or
+    `seed` when that is null). Model init, sampling and dropout draw on `seed`."""
+    return cfg.seed if cfg.data_seed is None else cfg.data_seed
+
+
+def write_seed_config(cfg: Config, out: Path, seed: int) -> None:
+    """out/seed_<seed>/.hydra/{config,overrides}.yaml: a replica's run directory reads like the
+    run of `seed=<seed>` alone (its config, run as it is, gives the same numbers: the data seed
+    is pinned), so fedjax-semi-report groups replicas as seeds of one setting."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    hydra_dir = out / f"seed_{seed}" / ".hydra"
+    hydra_dir.mkdir(parents=True, exist_ok=True)
+    alone = dataclasses.replace(cfg, seed=seed, data_seed=data_seed(cfg), replicas=1)
+    config = OmegaConf.to_container(OmegaConf.structured(alone))
+    (hydra_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    parent = out / ".hydra" / "overrides.yaml"
+    overrides = (yaml.safe_load(parent.read_text()) or []) if parent.exists() else []
+    overrides = [o for o in overrides if o.split("=")[0].lstrip("+~") not in ("seed", "replicas")]
+    (hydra_dir / "overrides.yaml").write_text(yaml.safe_dump([*overrides, f"seed={seed}"]))

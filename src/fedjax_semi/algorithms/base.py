@@ -10,7 +10,8 @@ reference backend (a Python loop of per-client jitted calls) on the same code:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import jax
@@ -110,3 +111,22 @@ def make_algorithm(name: str, **kwargs) -> Algorithm:
     if name not in ALGORITHMS:
         raise ValueError(f"algorithm.name={name!r} is not allowed: one of {algorithm_names()}")
     return ALGORITHMS[name](**kwargs)
+
+
+@contextlib.contextmanager
+def seeded(alg: Any, seed: int | None = None, key: jax.Array | None = None) -> Iterator[Any]:
+    """Run `alg` as if it had been built with another seed, for the block.
+
+    Every random draw of an algorithm derives from `alg.seed_key` (and, on the host at `init`,
+    from `alg.seed`), read when a method runs or is traced. `seed` swaps both (host-side init);
+    `key` swaps the key alone, and may be a tracer: that is how one compiled round maps a
+    leading replica axis of seeds (engine/simulate.py `Runner`, `replicas`)."""
+    saved = alg.seed, alg.seed_key
+    if seed is not None:
+        alg.seed, alg.seed_key = seed, jax.random.PRNGKey(seed)
+    if key is not None:
+        alg.seed_key = key
+    try:
+        yield alg
+    finally:
+        alg.seed, alg.seed_key = saved

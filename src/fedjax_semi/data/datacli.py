@@ -214,7 +214,7 @@ def cmd_describe(overrides: list[str], out: Path) -> int:
     title = (
         f"{d.name}: {cfg.num_clients} clients, {p.scheme}"
         + (f" (alpha={p.alpha})" if p.scheme == "dirichlet" else "")
-        + f", labeled_fraction={p.labeled_fraction}, seed={cfg.seed}"
+        + f", labeled_fraction={p.labeled_fraction}, seed={experiment.data_seed(cfg)}"
     )
     print(title)
     print(partition_table(part, labels))

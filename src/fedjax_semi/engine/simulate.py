@@ -12,13 +12,15 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from fedjax_semi.algorithms.base import Algorithm, FLState
+from fedjax_semi.algorithms.base import Algorithm, FLState, seeded
 from fedjax_semi.config import StopConfig
 from fedjax_semi.data.federated import FederatedData
 from fedjax_semi.engine.clients import LoopMapper, map_clients
@@ -51,22 +53,30 @@ class Runner:
         chunk: int | str = "all",
         eval_chunk: int | str = "all",
         devices: int = 1,
+        seeds: Sequence[int] | None = None,
     ) -> None:
         self.alg, self.fed, self.backend = alg, fed, backend
+        self.seeds = tuple(int(s) for s in seeds) if seeds is not None else None
         self.data = fed.train_view(oracle=alg.oracle)
         self._flags = getattr(alg, "round_flags", lambda rnd: ())
         self._update_for = getattr(alg, "client_update_for", lambda flags: alg.client_update)
         self._warmup_fn = getattr(alg, "warmup", None)
         self.chunk, self.autotune = chunk, None
+        self._keep = jax.jit(keep_replicas)
         if backend == "jit":
             emap = functools.partial(map_clients, chunk=eval_chunk)
             self._place = client_sharding(devices) if devices > 1 else (lambda tree: tree)
-            self._eval = jax.jit(lambda s, f: alg.evaluate(s, f, emap))
+            self._eval = jax.jit(self._replicated(lambda s, f: alg.evaluate(s, f, emap)))
             if chunk != "auto":
                 self._compile(chunk)
         elif backend == "reference":
             if chunk == "auto":
                 raise ValueError("hardware.chunk='auto' is not allowed with the reference backend")
+            if self.seeds is not None:
+                raise ValueError(
+                    f"replicas={len(self.seeds)} is not allowed with hardware.backend='reference': "
+                    "replicas are one compiled program (hardware.backend='jit')"
+                )
             loop = LoopMapper()
             prepare, finish = jax.jit(alg.prepare), jax.jit(alg.finish)
             update_for, warmup = self._update_for, self._warmup_fn
@@ -93,9 +103,28 @@ class Runner:
 
         warmup = self._warmup_fn
         return (
-            jax.jit(round_fn, static_argnums=2),
-            warmup and jax.jit(lambda s, d: warmup(s, d, cmap)),
+            jax.jit(self._replicated(round_fn), static_argnums=2),
+            warmup and jax.jit(self._replicated(lambda s, d: warmup(s, d, cmap))),
         )
+
+    @property
+    def replicas(self) -> int | None:
+        """The length of the leading replica axis of every state and metric, or None."""
+        return None if self.seeds is None else len(self.seeds)
+
+    def _replicated(self, fn: Callable) -> Callable:
+        """fn(state, *args) for one run -> the same over a leading replica axis of states, run r
+        drawing its randomness from seed r (`algorithms.base.seeded`). The replicas share the
+        data and the static arguments; one vmap, so one program."""
+        if self.seeds is None:
+            return fn
+        alg, keys = self.alg, jnp.stack([jax.random.PRNGKey(s) for s in self.seeds])
+
+        def one(key, state, *args):
+            with seeded(alg, key=key):
+                return fn(state, *args)
+
+        return lambda states, *args: jax.vmap(lambda k, s: one(k, s, *args))(keys, states)
 
     def _compile(self, chunk: int | str) -> None:
         self.chunk = chunk
@@ -105,9 +134,10 @@ class Runner:
         """hardware.chunk=auto: time one round from `state` at each candidate chunk size (the
         result is thrown away; rounds are pure) and keep the fastest. A candidate that runs
         out of device memory is skipped. The timings are kept in `self.autotune`."""
-        _, inputs, _ = jax.eval_shape(self.alg.prepare, state, self.data)
+        one = state if self.seeds is None else jax.tree.map(lambda a: a[0], state)
+        _, inputs, _ = jax.eval_shape(self.alg.prepare, one, self.data)
         cohort = jax.tree.leaves(inputs)[0].shape[0]
-        flags = self._flags(int(state.round) + 1)
+        flags = self._flags(rounds_done(state) + 1)
         timings, programs = {}, {}
         for chunk in auto_chunk_candidates(cohort):
             programs[chunk] = self._programs(chunk)
@@ -129,10 +159,21 @@ class Runner:
         self.chunk, (self._round, self._warmup) = chunk, programs[chunk]
         self.autotune = {"chosen": chunk, "cohort": cohort, "round_s": timings}
 
+    def template(self) -> FLState:
+        """The algorithm's initial state before any warm-up (stacked over the replicas' seeds
+        when there are replicas): the structure a checkpoint restores into."""
+        if self.seeds is None:
+            return self.alg.init(self.fed)
+        states = []
+        for s in self.seeds:
+            with seeded(self.alg, seed=s):
+                states.append(self.alg.init(self.fed))
+        return jax.tree.map(lambda *a: jnp.stack(a), *states)
+
     def init(self) -> FLState:
         """The initial state, after the algorithm's warm-up when it has one (with
         hardware.chunk=auto the chunk size is chosen first, on the state before warm-up)."""
-        state = self.alg.init(self.fed)
+        state = self.template()
         if self.chunk == "auto":
             self._tune(state)
         return self._warmup(state, self.data) if self._warmup else state
@@ -140,10 +181,28 @@ class Runner:
     def round(self, state: FLState) -> tuple[FLState, dict]:
         if self.chunk == "auto":  # resumed from a checkpoint: init() was not called
             self._tune(state)
-        return self._round(state, self.data, self._flags(int(state.round) + 1))
+        return self._round(state, self.data, self._flags(rounds_done(state) + 1))
 
     def evaluate(self, state: FLState) -> dict:
         return self._eval(state, self.fed)
+
+    def keep(self, new: FLState, old: FLState, active: Sequence[bool]) -> FLState:
+        """Replica r's new state where active[r], its old one where it has stopped."""
+        return self._keep(new, old, jnp.asarray(active))
+
+
+def rounds_done(state: FLState) -> int:
+    """Rounds completed (the most over the replicas: a stopped replica's state stays behind)."""
+    return int(np.max(np.asarray(state.round)))
+
+
+def keep_replicas(new: FLState, old: FLState, active: jax.Array) -> FLState:
+    """Per leaf, new[r] where active[r] (bool [R]), else old[r]."""
+
+    def pick(n, o):
+        return jnp.where(active.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
+
+    return jax.tree.map(pick, new, old)
 
 
 AUTO_CHUNKS = (1, 4, 16, 64, 256)
@@ -242,90 +301,199 @@ def simulate(
     progress: bool = True,
     title: str = "",
 ) -> dict:
-    """Run `rounds` rounds and write the run directory. Returns the summary."""
+    """Run `rounds` rounds and write the run directory. Returns the summary.
+
+    With replicas (`runner.seeds`), the state and the metrics carry a leading replica axis and
+    one compiled round advances every seed. Each seed gets the run directory it would have had
+    on its own, as out_dir/seed_<s> (metrics.jsonl, summary.json, plot), stops on its own rule
+    (its state is then kept as it was while the others go on), and out_dir holds the one
+    checkpoint of all of them and replicas.json (mean and std over the seeds)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stop = stop or StopConfig()
-    log = MetricsLog(out_dir / "metrics.jsonl")
+    seeds = runner.seeds
+    dirs = [out_dir] if seeds is None else [out_dir / f"seed_{s}" for s in seeds]
+    n = len(dirs)
+    pick = (lambda tree, r: tree) if seeds is None else _replica_picker()
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
+    logs = [MetricsLog(d / "metrics.jsonl") for d in dirs]
     ckpt = Checkpointer(out_dir / "checkpoints")
-    state = runner.init() if not (resume and ckpt.latest() is not None) else alg.init(fed)
-    start, rows = 0, []
-    if resume and ckpt.latest() is not None:
+    resuming = resume and ckpt.latest() is not None
+    state = runner.template() if resuming else runner.init()
+    start, rows = 0, [[] for _ in dirs]
+    if resuming:
         start = int(ckpt.latest())
         state = ckpt.restore(start, state)
-        rows = log.truncate(start)
-    elif log.path.exists():
-        log.path.unlink()  # a fresh run starts a fresh log
-    stopper = EarlyStopper(stop)
-    for r in rows:
-        stopper.update(r["round"], r.get(stop.metric), r.get("sim_time"))
+        rows = [log.truncate(start) for log in logs]
+    else:
+        for log in logs:
+            if log.path.exists():
+                log.path.unlink()  # a fresh run starts a fresh log
+    stoppers = [EarlyStopper(stop) for _ in dirs]
+    reasons: list[str | None] = [None] * n
+    for r in range(n):
+        for row in rows[r]:
+            reasons[r] = reasons[r] or stoppers[r].update(
+                row["round"], row.get(stop.metric), row.get("sim_time")
+            )
 
     if eval_initial and start == 0:
         # Round 0: the state before any round (after warm-up), e.g. the start of a TTAP curve.
-        row = {"round": 0, "sim_time": float(state.sim_time)}
-        row.update(_scalars(jax.device_get(runner.evaluate(state))))
-        row = jsonable(row)
-        log.append(row)
-        rows.append(row)
+        ev = jax.device_get(runner.evaluate(state))
+        for r in range(n):
+            row = {"round": 0, "sim_time": float(pick(state.sim_time, r))}
+            row.update(_scalars(pick(ev, r)))
+            row = jsonable(row)
+            logs[r].append(row)
+            rows[r].append(row)
 
     from tqdm.auto import tqdm
 
     bar = tqdm(total=rounds, initial=start, desc=f"{alg.name}", unit="round", disable=not progress)
     wall0 = time.perf_counter()
-    stop_reason, last_eval = "rounds completed", {}
+    last_eval: list[dict] = [{} for _ in dirs]
     try:
         for rnd in range(start + 1, rounds + 1):
+            active = [reason is None for reason in reasons]
+            if not any(active):
+                break
             t0 = time.perf_counter()
             new_state, m = runner.round(state)
             m = jax.device_get(m)
-            bad = ~np.asarray(m["client_finite"])
+            bad = ~np.asarray(m["client_finite"]).reshape(n, -1) & np.asarray(active)[:, None]
             if bad.any():
                 ckpt.save(rnd - 1, state)  # the last good state, to resume from or inspect
-                clients = np.asarray(m["cohort"])[bad].tolist()
-                stop_reason = f"non-finite loss or model in round {rnd}, clients {clients}"
+                cohort = np.asarray(m["cohort"]).reshape(n, -1)
+                where = [
+                    ("" if seeds is None else f"seed {seeds[r]}: ")
+                    + f"clients {cohort[r][bad[r]].tolist()}"
+                    for r in range(n)
+                    if bad[r].any()
+                ]
+                reason = f"non-finite loss or model in round {rnd}, " + "; ".join(where)
+                reasons = [reason if a else x for a, x in zip(active, reasons, strict=True)]
                 raise NaNError(
-                    f"{stop_reason}; the state after round {rnd - 1} is checkpointed in "
-                    f"{ckpt.directory}"
+                    f"{reason}; the state after round {rnd - 1} is checkpointed in {ckpt.directory}"
                 )
-            state = new_state
-            row = {"round": rnd, **_scalars({k: v for k, v in m.items() if k != "client_finite"})}
-            if "pl_label" in m:
-                row["pl_acc"] = pseudo_label_accuracy(m["pl_index"], m["pl_label"], fed.eval_y)
-            row["sim_time"] = float(state.sim_time)
-            if rnd % eval_every == 0 or rnd == rounds:
-                ev = jax.device_get(runner.evaluate(state))
-                last_eval = ev
-                row.update(_scalars(ev))
-                acc = np.asarray(ev["client_acc"])
-                row["client_acc_p10"], row["client_acc_p90"] = np.percentile(acc, [10, 90])
-            row["wall_time"] = time.perf_counter() - t0
-            row = jsonable(row)
-            log.append(row)
-            rows.append(row)
-            reason = stopper.update(rnd, row.get(stop.metric), row.get("sim_time"))
-            if rnd % checkpoint_every == 0 or rnd == rounds or reason:
+            state = new_state if all(active) else runner.keep(new_state, state, active)
+            evaluated = rnd % eval_every == 0 or rnd == rounds
+            ev = jax.device_get(runner.evaluate(state)) if evaluated else None
+            wall = time.perf_counter() - t0
+            for r in (r for r in range(n) if active[r]):
+                mr = pick(m, r)
+                row = {"round": rnd}
+                row.update(_scalars({k: v for k, v in mr.items() if k != "client_finite"}))
+                if "pl_label" in mr:
+                    row["pl_acc"] = pseudo_label_accuracy(
+                        mr["pl_index"], mr["pl_label"], fed.eval_y
+                    )
+                row["sim_time"] = float(pick(state.sim_time, r))
+                if evaluated:
+                    last_eval[r] = pick(ev, r)
+                    row.update(_scalars(last_eval[r]))
+                    acc = np.asarray(last_eval[r]["client_acc"])
+                    row["client_acc_p10"], row["client_acc_p90"] = np.percentile(acc, [10, 90])
+                row["wall_time"] = wall
+                row = jsonable(row)
+                logs[r].append(row)
+                rows[r].append(row)
+                reasons[r] = stoppers[r].update(rnd, row.get(stop.metric), row.get("sim_time"))
+            stopped = any(a and x for a, x in zip(active, reasons, strict=True))
+            if rnd % checkpoint_every == 0 or rnd == rounds or stopped:
                 ckpt.save(rnd, state)
-            bar.set_postfix(
-                {k: f"{row[k]:.4f}" for k in ("accuracy", "train_loss") if row.get(k) is not None}
-            )
+            shown = {}
+            for k in ("accuracy", "train_loss"):
+                vals = [rs[-1].get(k) for rs in rows if rs and rs[-1]["round"] == rnd]
+                vals = [v for v in vals if v is not None]
+                if vals:
+                    shown[k] = f"{np.mean(vals):.4f}"
+            bar.set_postfix(shown)
             bar.update(1)
-            if reason:
-                stop_reason = reason
-                break
     except KeyboardInterrupt:
-        ckpt.save(int(state.round), state)
-        stop_reason = f"interrupted after round {int(state.round)}"
+        ckpt.save(rounds_done(state), state)
+        reasons = [x or f"interrupted after round {rounds_done(state)}" for x in reasons]
         raise
     finally:
         bar.close()
-        summary = _write_summary(out_dir, alg, rows, last_eval, stopper, stop_reason, wall0, runner)
-        if rows:
-            plot_curves(rows, out_dir / "plots" / "accuracy.png", title or alg.name)
+        summaries = []
+        for r in range(n):
+            reason = reasons[r] or "rounds completed"
+            summaries.append(
+                _write_summary(
+                    dirs[r], alg, rows[r], last_eval[r], stoppers[r], reason, wall0, runner
+                )
+            )
+            if rows[r]:
+                seed_title = "" if seeds is None else f", seed {seeds[r]}"
+                plot_curves(
+                    rows[r], dirs[r] / "plots" / "accuracy.png", (title or alg.name) + seed_title
+                )
+        if seeds is not None:
+            summary = _write_replicas(out_dir, seeds, rows, summaries, wall0)
+            plot_curves(
+                summary["mean_rows"],
+                out_dir / "plots" / "accuracy.png",
+                f"{title or alg.name} (mean of {n} seeds)",
+            )
         ckpt.close()
+    return summaries[0] if seeds is None else summary
+
+
+def _replica_picker():
+    """(tree, r) -> replica r of every leaf (host arrays, after device_get)."""
+    return lambda tree, r: jax.tree.map(lambda a: np.asarray(a)[r], tree)
+
+
+def _write_replicas(out_dir: Path, seeds, rows, summaries, wall0) -> dict:
+    """replicas.json: per seed its summary's headline, and mean and std over the seeds of every
+    final scalar metric; `mean_rows` is the mean curve (rounds every seed reached)."""
+    finals = [s["final"] for s in summaries]
+    keys = sorted({k for f in finals for k, v in f.items() if isinstance(v, int | float)})
+    final, final_std = {}, {}
+    for k in keys:
+        vals = [f[k] for f in finals if f.get(k) is not None]
+        if len(vals) == len(finals):
+            final[k], final_std[k] = float(np.mean(vals)), float(np.std(vals))
+    by_round: dict[int, list[dict]] = {}
+    for rs in rows:
+        for row in rs:
+            by_round.setdefault(row["round"], []).append(row)
+    mean_rows = []
+    for rnd in sorted(by_round):
+        group = by_round[rnd]
+        if len(group) < len(seeds):
+            continue
+        row = {"round": rnd}
+        for k in ("accuracy", "global_acc", "personal_acc", "train_loss"):
+            vals = [g.get(k) for g in group]
+            if all(v is not None for v in vals):
+                row[k] = float(np.mean(vals))
+        mean_rows.append(row)
+    summary = {
+        "algorithm": summaries[0]["algorithm"],
+        "seeds": list(seeds),
+        "rounds_completed": max(s["rounds_completed"] for s in summaries),
+        "stop_reason": "; ".join(
+            f"seed {s}: {x['stop_reason']}" for s, x in zip(seeds, summaries, strict=True)
+        ),
+        "final": final,
+        "final_std": final_std,
+        "per_seed": [
+            {"seed": s, "rounds_completed": x["rounds_completed"], "final": x["final"]}
+            for s, x in zip(seeds, summaries, strict=True)
+        ],
+        "wall_time_s": time.perf_counter() - wall0,
+        "hardware": summaries[0]["hardware"],
+        "environment": summaries[0]["environment"],
+    }
+    (out_dir / "replicas.json").write_text(json.dumps(jsonable(summary), indent=2))
+    summary["mean_rows"] = mean_rows
     return summary
 
 
 def _write_summary(out_dir, alg, rows, last_eval, stopper, stop_reason, wall0, runner) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
     evals = [r for r in rows if r.get("accuracy") is not None]
     final = evals[-1] if evals else {}
     summary = {
@@ -338,7 +506,12 @@ def _write_summary(out_dir, alg, rows, last_eval, stopper, stop_reason, wall0, r
         "fa_literal_round": stopper.literal_round,
         "client_acc": jsonable(last_eval.get("client_acc", [])),
         "wall_time_s": time.perf_counter() - wall0,
-        "hardware": {"backend": runner.backend, "chunk": runner.chunk, "autotune": runner.autotune},
+        "hardware": {
+            "backend": runner.backend,
+            "chunk": runner.chunk,
+            "autotune": runner.autotune,
+            "replica_seeds": None if runner.seeds is None else list(runner.seeds),
+        },
         "environment": environment(),
     }
     (out_dir / "summary.json").write_text(json.dumps(jsonable(summary), indent=2))
