@@ -145,7 +145,7 @@ def run_workload(w: Workload, args, peak: float, env: dict, **scale) -> list[dic
         "sgd_step_flops": flops,
     }
     records = []
-    for chunk in args.chunks.split(","):
+    for chunk in (c for c in args.chunks.split(",") if c):  # --chunks "": the PyTorch loop only
         runner = runner_for(exp, chunk)
         first, times, _ = time_rounds(runner, runner.init(), args.repeats)
         t = float(np.median(times))
@@ -169,7 +169,7 @@ def run_workload(w: Workload, args, peak: float, env: dict, **scale) -> list[dic
             print(f"# PyTorch loop skipped: {why}")
         else:
             res = run_torch(
-                w,
+                dataclasses.replace(w, cohort=cohort),  # the scan's cohort, not the workload's
                 ds,
                 exp,
                 rounds=args.repeats + 1,
@@ -253,10 +253,8 @@ def replicas_vs_sequential(w: Workload, args, env: dict) -> list[dict]:
     exp = experiment.build(compose(*w.overrides(clients=clients, cohort=cohort)), dataset=ds)
     seeds = list(range(args.replicas))
     records = []
-    for chunk in (c for c in args.chunks.split(",") if c not in ("reference", "auto")):
+    for chunk in (c for c in args.chunks.split(",") if c not in ("reference", "auto", "")):
         size = chunk if chunk == "all" else int(chunk)
-        one = exp.runner(chunk=size, seeds=seeds)
-        first, times, _ = time_rounds(one, one.init(), args.repeats)
         seq_first, seq_round = 0.0, 0.0
         for seed in seeds:
             alone = dataclasses.replace(exp, alg=dataclasses.replace(exp.alg, seed=seed))
@@ -264,29 +262,34 @@ def replicas_vs_sequential(w: Workload, args, env: dict) -> list[dict]:
             f, t, _ = time_rounds(runner, runner.init(), args.repeats)
             seq_first += f
             seq_round += float(np.median(t))
-        t = float(np.median(times))
-        steps = len(seeds) * cohort * w.steps_per_client
-        rec = {
-            "bench": "replicas",
-            "workload": w.name,
-            "title": w.title,
-            "clients": clients,
-            "cohort": cohort,
-            "data": "synthetic",
-            "replicas": len(seeds),
-            "chunk": chunk,
-            "one_program_round_s": t,
-            "one_program_round_s_all": times,
-            "sequential_round_s": seq_round,
-            "speedup": seq_round / t,
-            "one_program_first_round_s": first,
-            "sequential_first_rounds_s": seq_first,
-            "one_program_client_steps_per_s": steps / t,
-            "sequential_client_steps_per_s": steps / seq_round,
-            **peak_memory(),
-        }
-        emit({**rec, **env}, Path(args.out))
-        records.append(rec)
+        for rchunk in args.replica_chunks.split(","):
+            rsize = rchunk if rchunk == "all" else int(rchunk)
+            one = exp.runner(chunk=size, seeds=seeds, replica_chunk=rsize)
+            first, times, _ = time_rounds(one, one.init(), args.repeats)
+            t = float(np.median(times))
+            steps = len(seeds) * cohort * w.steps_per_client
+            rec = {
+                "bench": "replicas",
+                "workload": w.name,
+                "title": w.title,
+                "clients": clients,
+                "cohort": cohort,
+                "data": "synthetic",
+                "replicas": len(seeds),
+                "chunk": chunk,
+                "replica_chunk": rchunk,
+                "one_program_round_s": t,
+                "one_program_round_s_all": times,
+                "sequential_round_s": seq_round,
+                "speedup": seq_round / t,
+                "one_program_first_round_s": first,
+                "sequential_first_rounds_s": seq_first,
+                "one_program_client_steps_per_s": steps / t,
+                "sequential_client_steps_per_s": steps / seq_round,
+                **peak_memory(),
+            }
+            emit({**rec, **env}, Path(args.out))
+            records.append(rec)
     return records
 
 
@@ -333,13 +336,15 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--out", default=str(RESULTS / "throughput.jsonl"))
     ap.add_argument("--replicas", type=int, default=0, help="seeds as one program vs in turn")
+    ap.add_argument("--replica-chunks", default="1,all", help="replicas mapped per chunk")
     args = ap.parse_args()
     env = environment()
     if args.replicas:
         for name in args.workloads.split(","):
             for r in replicas_vs_sequential(WORKLOADS[name], args, env):
                 print(
-                    f"{name} chunk={r['chunk']}: {r['replicas']} seeds as one program "
+                    f"{name} chunk={r['chunk']} replica_chunk={r['replica_chunk']}: "
+                    f"{r['replicas']} seeds as one program "
                     f"{r['one_program_round_s']:.4f} s/round, one after another "
                     f"{r['sequential_round_s']:.4f} s/round: {r['speedup']:.2f}x"
                 )

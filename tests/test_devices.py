@@ -30,6 +30,13 @@ SCRIPT = textwrap.dedent(
             state, m = runner.round(state)
         ev = runner.evaluate(state)
         out[devices] = {{"loss": float(m["train_loss"]), "acc": ev["client_acc"].tolist()}}
+        cfg = compose_config("algorithm=fedavg", "hardware.chunk=all",
+                             f"hardware.devices={{devices}}", "replicas=2")
+        runner = experiment.build(cfg).runner()  # two seeds, each cohort sharded
+        state = runner.init()
+        for _ in range(2):
+            state, m = runner.round(state)
+        out[f"replicas_{{devices}}"] = m["train_loss"].tolist()
         for alg in ("fedavg", "fedbn_sl"):  # all leaves shared; BatchNorm leaves personal
             cfg = compose_config(f"algorithm={{alg}}", "hardware.chunk=all",
                                  f"hardware.devices={{devices}}")
@@ -58,6 +65,9 @@ def test_four_devices_match_one():
     assert out["devices"] == 4
     assert abs(out["1"]["loss"] - out["4"]["loss"]) < 1e-4
     assert max(abs(a - b) for a, b in zip(out["1"]["acc"], out["4"]["acc"], strict=True)) < 1e-4
+    one, four = out["replicas_1"], out["replicas_4"]
+    assert len(one) == 2 and one[0] != one[1]
+    assert max(abs(a - b) for a, b in zip(one, four, strict=True)) < 1e-4
     for alg in ("fedavg", "fedbn_sl"):
         assert out[f"{alg}_1"] == {}, out  # one device: no collectives at all
         sharded = out[f"{alg}_4"]

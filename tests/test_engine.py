@@ -277,3 +277,22 @@ def test_padding_does_not_change_training_ac12(name):
     for other in results[1:]:
         for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(other), strict=True):
             np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_jit_forwarding_inputs_hands_back_unchanged_inputs_without_a_copy():
+    """The reference backend's prepare/finish: same values as jax.jit, and an input returned
+    unchanged is the input array itself (a jitted call would copy it, e.g. the whole dataset)."""
+
+    def prepare(state, data):
+        return {"n": state["round"] + 1, "x": data["x"], "ids": data["ids"][:2] * 2}, data["x"]
+
+    state = {"round": jnp.asarray(3)}
+    data = {"x": jnp.arange(12.0).reshape(4, 3), "ids": jnp.arange(4)}
+    fast = clients.jit_forwarding_inputs(prepare)
+    for _ in range(2):  # the second call reuses the compiled program
+        got, x = fast(state, data)
+        want, _ = jax.jit(prepare)(state, data)
+        assert got["x"] is data["x"] and x is data["x"]
+        assert int(got["n"]) == 4
+        np.testing.assert_array_equal(got["ids"], want["ids"])
+        assert jax.tree.structure(got) == jax.tree.structure(want)

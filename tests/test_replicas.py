@@ -46,8 +46,13 @@ def rows_of(runner: Runner, rounds: int) -> tuple[list[dict], object]:
 @pytest.mark.parametrize("name", list(CASES))
 def test_replica_r_is_the_run_of_seed_r_alone(name):
     exp = experiment.build(compose_config(*CASES[name]))
-    stacked, stacked_state = rows_of(exp.runner(seeds=SEEDS), 3)
+    stacked, stacked_state = rows_of(exp.runner(seeds=SEEDS, replica_chunk="all"), 3)
     assert np.asarray(stacked_state.round).tolist() == [3, 3]
+    if name == "fedavg_pl":  # replicas looped inside the program (the CPU setting) agree too
+        looped, _ = rows_of(exp.runner(seeds=SEEDS, replica_chunk=1), 3)
+        for a, b in zip(looped, stacked, strict=True):
+            np.testing.assert_allclose(a["client_acc"], b["client_acc"], atol=1e-5)
+            np.testing.assert_allclose(a["train_loss"], b["train_loss"], atol=1e-5)
     alone = {}
     for r, seed in enumerate(SEEDS):
         alg = dataclasses.replace(exp.alg, seed=seed)
@@ -139,6 +144,7 @@ def test_each_replica_stops_on_its_own_rule_and_resume_continues(tmp_path):
     [
         (["replicas=0"], "replicas"),
         (["replicas=2", "hardware.backend=reference"], "replicas"),
+        (["replicas=2", "hardware.replica_chunk=0"], "hardware.replica_chunk"),
     ],
 )
 def test_bad_replicas_are_refused_before_any_work(over, match):

@@ -36,6 +36,9 @@ class AlgorithmConfig:
     persist_optimizer: bool = False
     server_lr: float = 1.0
     weighting: str = "num_samples"  # num_samples | uniform
+    # How a round's cohort is drawn (engine/clients.py `select_cohort`): auto | permutation |
+    # floyd. auto = permutation (O(N log N)) up to 1000 clients, Floyd's O(S^2) draw above.
+    cohort_sampler: str = "auto"
     # Which leaves the server averages: all | none | fedbn | fedper | lg (see engine.aggregate).
     shared: str = "all"
     prox_mu: float = 0.0  # FedProx proximal term (mu / 2) ||w - w_global||^2
@@ -210,6 +213,8 @@ class HardwareConfig:
     # jit: one compiled program per round; reference: a Python loop of per-client jitted steps.
     backend: str = "jit"
     devices: Any = 1  # number of devices the client axis is sharded over, or "all"
+    # With replicas > 1: seeds mapped per chunk, like clients ("all": one vmap; 1: a loop).
+    replica_chunk: Any = "all"
 
 
 @dataclass
@@ -368,6 +373,10 @@ def validate(cfg: Config) -> None:
         raise bad("algorithm.optimizer", a.optimizer, f"an optax optimizer: {optimizer_names()}")
     if not a.lr > 0:
         raise bad("algorithm.lr", a.lr, "a number > 0")
+    from fedjax_semi.engine.clients import COHORT_SAMPLERS
+
+    if a.cohort_sampler not in COHORT_SAMPLERS:
+        raise bad("algorithm.cohort_sampler", a.cohort_sampler, f"one of {list(COHORT_SAMPLERS)}")
     if a.weighting not in ("num_samples", "uniform"):
         raise bad("algorithm.weighting", a.weighting, "one of ['num_samples', 'uniform']")
     from fedjax_semi.engine.aggregate import SHARE_PRESETS
@@ -382,6 +391,7 @@ def validate(cfg: Config) -> None:
         raise bad("algorithm.unlabeled_batch_ratio", a.unlabeled_batch_ratio, "an integer >= 1")
     chunk = parse_chunk("hardware.chunk", h.chunk, auto=True)
     parse_chunk("hardware.eval_chunk", h.eval_chunk)
+    parse_chunk("hardware.replica_chunk", h.replica_chunk)
     if h.backend not in ("jit", "reference"):
         raise bad("hardware.backend", h.backend, "one of ['jit', 'reference']")
     if not (h.devices == "all" or (isinstance(h.devices, int) and h.devices >= 1)):

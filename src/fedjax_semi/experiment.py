@@ -26,7 +26,14 @@ class Experiment:
     model: Model
     alg: Algorithm
 
-    def runner(self, backend: str | None = None, chunk=None, eval_chunk=None, seeds=None) -> Runner:
+    def runner(
+        self,
+        backend: str | None = None,
+        chunk=None,
+        eval_chunk=None,
+        seeds=None,
+        replica_chunk=None,
+    ) -> Runner:
         """The config's runner; arguments override hardware.* and the replica seeds."""
         h = self.cfg.hardware
         return Runner(
@@ -39,6 +46,10 @@ class Experiment:
             ),
             devices=num_devices(h.devices),
             seeds=self.replica_seeds() if seeds is None else seeds,
+            replica_chunk=parse_chunk(
+                "hardware.replica_chunk",
+                h.replica_chunk if replica_chunk is None else replica_chunk,
+            ),
         )
 
     def replica_seeds(self) -> list[int] | None:

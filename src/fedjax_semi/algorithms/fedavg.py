@@ -125,7 +125,11 @@ class FedAvgFamily:
             cohort = jnp.arange(self.num_clients)
         else:
             cohort = select_cohort(
-                self.seed_key, state.round, self.num_clients, self.clients_per_round
+                self.seed_key,
+                state.round,
+                self.num_clients,
+                self.clients_per_round,
+                self.cfg.cohort_sampler,
             )
         if target:
             table = dofed.training_table(data.roles, self.cfg.baseline_train_data)

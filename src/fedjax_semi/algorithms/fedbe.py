@@ -248,7 +248,13 @@ class FedBE:
     # ------------------------------------------------------------------ clients
 
     def prepare(self, state: FLState, data: TrainView) -> tuple[dict, dict, dict]:
-        cohort = select_cohort(self.seed_key, state.round, self.num_clients, self.clients_per_round)
+        cohort = select_cohort(
+            self.seed_key,
+            state.round,
+            self.num_clients,
+            self.clients_per_round,
+            self.cfg.cohort_sampler,
+        )
         train = common.training_table(data.roles, self.cfg.baseline_train_data)
         inputs = {"id": cohort, "table": train.take(cohort)}
         shared = {"global": state.global_vars, "x": data.x, "y": data.y, "round": state.round + 1}

@@ -134,7 +134,13 @@ class FedFomo:
     def prepare(self, state: FLState, data: TrainView) -> tuple[dict, dict, dict]:
         """Sample the participants, pick each one's M downloads by the affinity rule."""
         c, ex, t = self.cfg, state.extra, state.round + 1
-        cohort = select_cohort(self.seed_key, state.round, self.num_clients, self.clients_per_round)
+        cohort = select_cohort(
+            self.seed_key,
+            state.round,
+            self.num_clients,
+            self.clients_per_round,
+            self.cfg.cohort_sampler,
+        )
         eps = epsilon_at(t, c.fedfomo_epsilon, c.fedfomo_epsilon_decay)
         # Drawn for all N (the kernel masks row n's own id), then the participants' rows.
         ids = sim.fedfomo_choose_downloads(

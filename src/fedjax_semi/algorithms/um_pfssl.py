@@ -142,7 +142,13 @@ class UMPFSSL(FedAvgFamily):
         return self.client_update_for((False, False))(inp, shared)
 
     def prepare(self, state: FLState, data: TrainView):
-        cohort = select_cohort(self.seed_key, state.round, self.num_clients, self.clients_per_round)
+        cohort = select_cohort(
+            self.seed_key,
+            state.round,
+            self.num_clients,
+            self.clients_per_round,
+            self.cfg.cohort_sampler,
+        )
         ex = state.extra
         inputs = {
             "id": cohort,

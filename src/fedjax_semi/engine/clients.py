@@ -59,6 +59,35 @@ class LoopMapper:
         return jax.tree.map(lambda *a: jnp.stack(a), *outs)
 
 
+def jit_forwarding_inputs(fn: Callable) -> Callable:
+    """jax.jit(fn), except that outputs which are inputs returned unchanged come back as the input
+    arrays themselves. A jitted call writes every output to a fresh buffer: the reference
+    backend's `prepare` returns the whole dataset in `shared`, a 4.7 GB copy a round at 100,000
+    clients of W3 that a real per-client loop would never make. (Inside one jitted round XLA
+    forwards such values by itself.)"""
+    cache: dict = {}
+
+    def call(*args):
+        flat, tree = jax.tree.flatten(args)
+        sig = (tree, tuple((jnp.shape(a), jnp.result_type(a)) for a in flat))
+        if sig not in cache:
+            closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+            position = {id(v): i for i, v in enumerate(closed.jaxpr.invars)}
+            forwarded = [position.get(id(v)) for v in closed.jaxpr.outvars]
+
+            def computed(*flat_args):
+                outs = jax.tree.leaves(fn(*jax.tree.unflatten(tree, flat_args)))
+                return [o for o, f in zip(outs, forwarded, strict=True) if f is None]
+
+            cache[sig] = jax.jit(computed), forwarded, jax.tree.structure(out_shape)
+        jitted, forwarded, out_tree = cache[sig]
+        rest = iter(jitted(*flat))
+        outs = [next(rest) if f is None else flat[f] for f in forwarded]
+        return jax.tree.unflatten(out_tree, outs)
+
+    return call
+
+
 def gather(tree: PyTree, ids: jax.Array) -> PyTree:
     """Rows `ids` of every leaf of a client-stacked tree: [C, ...] -> [S, ...]."""
     return jax.tree.map(lambda a: a[ids], tree)
@@ -74,8 +103,48 @@ def broadcast(tree: PyTree, n: int) -> PyTree:
     return jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + a.shape), tree)
 
 
-def select_cohort(seed_key: jax.Array, rnd: jax.Array, num_clients: int, size: int) -> jax.Array:
-    """Uniform sample of `size` client ids without replacement, sorted: int32 [S]."""
+# cohort_sampler="auto" keeps the permutation draw up to this population (the cohorts every
+# result so far was made with) and switches to Floyd's draw above it.
+PERMUTATION_MAX_CLIENTS = 1000
+COHORT_SAMPLERS = ("auto", "permutation", "floyd")
+
+
+def select_cohort(
+    seed_key: jax.Array, rnd: jax.Array, num_clients: int, size: int, sampler: str = "auto"
+) -> jax.Array:
+    """Uniform sample of `size` client ids without replacement, sorted: int32 [S].
+
+    sampler: "permutation" (jax.random.choice: a random permutation of all N ids, O(N log N)
+    work a round), "floyd" (`floyd_sample`: O(S^2), nothing of size N, so a round costs the same
+    at 100 or 100,000 clients), or "auto" (permutation up to PERMUTATION_MAX_CLIENTS, else floyd).
+    Both are uniform over S-subsets; they draw different cohorts from the same key."""
     key = round_key(seed_key, SELECT, rnd)
-    ids = jax.random.choice(key, num_clients, (size,), replace=False)
+    if sampler == "auto":
+        sampler = "permutation" if num_clients <= PERMUTATION_MAX_CLIENTS else "floyd"
+    if sampler == "permutation":
+        ids = jax.random.choice(key, num_clients, (size,), replace=False)
+    elif sampler == "floyd":
+        ids = floyd_sample(key, num_clients, size)
+    else:
+        raise ValueError(f"cohort sampler {sampler!r} is not one of {COHORT_SAMPLERS}")
     return jnp.sort(ids).astype(jnp.int32)
+
+
+def floyd_draws(key: jax.Array, n: int, size: int) -> jax.Array:
+    """Floyd's draws: t_i uniform in [0, n - size + i], int32 [size]."""
+    highs = n - size + jnp.arange(size) + 1
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(size))
+    return jax.vmap(lambda k, h: jax.random.randint(k, (), 0, h))(keys, highs).astype(jnp.int32)
+
+
+def floyd_sample(key: jax.Array, n: int, size: int) -> jax.Array:
+    """`size` distinct ids of range(n), uniform over subsets (R. Floyd's algorithm): for
+    j = n - size, ..., n - 1 draw t in [0, j] and take t, or j when t is taken already.
+    O(size^2) compares and no array of size n. int32 [size], in draw order."""
+    draws = floyd_draws(key, n, size)
+
+    def step(i, chosen):
+        t, j = draws[i], n - size + i
+        return chosen.at[i].set(jnp.where(jnp.any(chosen == t), j, t))
+
+    return jax.lax.fori_loop(0, size, step, jnp.full((size,), -1, jnp.int32))

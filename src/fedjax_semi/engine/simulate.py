@@ -23,7 +23,7 @@ import numpy as np
 from fedjax_semi.algorithms.base import Algorithm, FLState, seeded
 from fedjax_semi.config import StopConfig
 from fedjax_semi.data.federated import FederatedData
-from fedjax_semi.engine.clients import LoopMapper, map_clients
+from fedjax_semi.engine.clients import LoopMapper, jit_forwarding_inputs, map_clients
 from fedjax_semi.results.rundir import (
     Checkpointer,
     MetricsLog,
@@ -54,9 +54,11 @@ class Runner:
         eval_chunk: int | str = "all",
         devices: int = 1,
         seeds: Sequence[int] | None = None,
+        replica_chunk: int | str = "all",
     ) -> None:
         self.alg, self.fed, self.backend = alg, fed, backend
         self.seeds = tuple(int(s) for s in seeds) if seeds is not None else None
+        self.replica_chunk = replica_chunk
         self.data = fed.train_view(oracle=alg.oracle)
         self._flags = getattr(alg, "round_flags", lambda rnd: ())
         self._update_for = getattr(alg, "client_update_for", lambda flags: alg.client_update)
@@ -78,7 +80,7 @@ class Runner:
                     "replicas are one compiled program (hardware.backend='jit')"
                 )
             loop = LoopMapper()
-            prepare, finish = jax.jit(alg.prepare), jax.jit(alg.finish)
+            prepare, finish = jit_forwarding_inputs(alg.prepare), jit_forwarding_inputs(alg.finish)
             update_for, warmup = self._update_for, self._warmup_fn
 
             def round_fn(state, data, flags):
@@ -115,16 +117,21 @@ class Runner:
     def _replicated(self, fn: Callable) -> Callable:
         """fn(state, *args) for one run -> the same over a leading replica axis of states, run r
         drawing its randomness from seed r (`algorithms.base.seeded`). The replicas share the
-        data and the static arguments; one vmap, so one program."""
+        data and the static arguments, and are mapped like clients (`map_clients`):
+        replica_chunk="all" is one vmap (GPU), 1 a loop inside the program (CPU)."""
         if self.seeds is None:
             return fn
         alg, keys = self.alg, jnp.stack([jax.random.PRNGKey(s) for s in self.seeds])
 
-        def one(key, state, *args):
-            with seeded(alg, key=key):
-                return fn(state, *args)
+        def replicated(states, *args):
+            def one(key_state):
+                key, state = key_state
+                with seeded(alg, key=key):
+                    return fn(state, *args)
 
-        return lambda states, *args: jax.vmap(lambda k, s: one(k, s, *args))(keys, states)
+            return map_clients(one, (keys, states), chunk=self.replica_chunk)
+
+        return replicated
 
     def _compile(self, chunk: int | str) -> None:
         self.chunk = chunk
