@@ -220,6 +220,7 @@ def accuracy_agreement(w: Workload, args, env: dict) -> dict:
             rounds=args.accuracy,
             seed=seed,
             threads=args.torch_threads,
+            init=args.torch_init,
         )
         out["pytorch_loop"].append(float(res["accuracy"]))
     rec = {
@@ -230,6 +231,7 @@ def accuracy_agreement(w: Workload, args, env: dict) -> dict:
         "rounds": args.accuracy,
         "seeds": args.seeds,
         "data": ds.name,
+        "torch_init": args.torch_init,
         "engine_acc": out["engine"],
         "pytorch_acc": out["pytorch_loop"],
         "engine_mean": float(np.mean(out["engine"])),
@@ -334,6 +336,8 @@ def main() -> None:
     ap.add_argument("--markdown", default="")
     ap.add_argument("--accuracy", type=int, default=0, help="rounds of the accuracy check")
     ap.add_argument("--seeds", type=int, default=3)
+    # The accuracy check compares learning, so by default both start from the same distribution.
+    ap.add_argument("--torch-init", choices=("engine", "native"), default="engine")
     ap.add_argument("--out", default=str(RESULTS / "throughput.jsonl"))
     ap.add_argument("--replicas", type=int, default=0, help="seeds as one program vs in turn")
     ap.add_argument("--replica-chunks", default="1,all", help="replicas mapped per chunk")

@@ -91,6 +91,21 @@ def torch_model(w: Workload) -> torch.nn.Module:
     raise ValueError(f"{w.name}: the PyTorch loop covers W1, W2 and W3 only")
 
 
+def engine_init(model: torch.nn.Module) -> None:
+    """The engine's initialisation (flax's defaults): kernels LeCun normal, a normal truncated
+    at two standard deviations and rescaled to variance 1 / fan_in; biases zero."""
+    import math
+
+    from torch import nn
+
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d | nn.Linear):
+            fan_in = m.weight[0].numel()  # in_features, or in_channels * kh * kw
+            std = math.sqrt(1.0 / fan_in) / 0.87962566103423978  # flax's truncation correction
+            nn.init.trunc_normal_(m.weight, 0.0, std, -2 * std, 2 * std)
+            nn.init.zeros_(m.bias)
+
+
 def param_count(model: torch.nn.Module, w: Workload) -> int:
     """The number of trainable parameters, asserted equal to our JAX model's."""
     n = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -140,8 +155,11 @@ def torch_fedavg(
     seed: int = 0,
     device: str = "cpu",
     threads: int | None = None,
+    init: str = "native",
 ) -> dict:
     """`rounds` rounds of FedAvg over `client_idx` (one index array into x_train per client).
+    init="engine" draws the weights as the engine's flax models do (`engine_init`), for the
+    accuracy agreement; "native" keeps torch's (and, on W1, pfl's Glorot) initialisation.
 
     Returns {"first_round_s", "round_s" (rounds after the first), "accuracy" (final global model
     on the test set), "train_loss_last_round" (mean over the examples of the last round),
@@ -159,7 +177,10 @@ def torch_fedavg(
     # batches are gathered from it by index.
     x = preprocess(x_train, mean, std, dev)
     y = torch.from_numpy(np.array(y_train, dtype=np.int64)).to(dev)
-    model = torch_model(w).to(dev)
+    model = torch_model(w)
+    if init == "engine":
+        engine_init(model)
+    model = model.to(dev)
     n_params = param_count(model, w)
     params = list(model.parameters())
     global_params = [p.detach().clone() for p in params]
