@@ -130,3 +130,12 @@ def seeded(alg: Any, seed: int | None = None, key: jax.Array | None = None) -> I
         yield alg
     finally:
         alg.seed, alg.seed_key = saved
+
+
+def sample_cohort(alg: Any, rnd: jax.Array) -> jax.Array:
+    """Round `rnd`'s cohort of `alg`: `select_cohort` with the algorithm's seed, sizes and
+    `cfg.cohort_sampler`. int32 [S]."""
+    from fedjax_semi.engine.clients import select_cohort
+
+    n, s, sampler = alg.num_clients, alg.clients_per_round, alg.cfg.cohort_sampler
+    return select_cohort(alg.seed_key, rnd, n, s, sampler)

@@ -30,7 +30,14 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_semi.algorithms import dofed_baselines as dofed
-from fedjax_semi.algorithms.base import FLState, Mapper, client_accuracy, cohort_metrics, register
+from fedjax_semi.algorithms.base import (
+    FLState,
+    Mapper,
+    client_accuracy,
+    cohort_metrics,
+    register,
+    sample_cohort,
+)
 from fedjax_semi.config import AlgorithmConfig, bad
 from fedjax_semi.data.federated import FederatedData, TrainView
 from fedjax_semi.engine import aggregate
@@ -42,7 +49,6 @@ from fedjax_semi.engine.clients import (
     client_key,
     gather,
     scatter,
-    select_cohort,
 )
 from fedjax_semi.engine.train import (
     LocalObjective,
@@ -124,13 +130,7 @@ class FedAvgFamily:
         if target and not self.communicates:  # DoFed-SPP's Local: every client, every round
             cohort = jnp.arange(self.num_clients)
         else:
-            cohort = select_cohort(
-                self.seed_key,
-                state.round,
-                self.num_clients,
-                self.clients_per_round,
-                self.cfg.cohort_sampler,
-            )
+            cohort = sample_cohort(self, state.round)
         if target:
             table = dofed.training_table(data.roles, self.cfg.baseline_train_data)
         else:

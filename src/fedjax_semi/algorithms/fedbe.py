@@ -34,12 +34,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_semi.algorithms import dofed_baselines as common
-from fedjax_semi.algorithms.base import FLState, Mapper, cohort_metrics, register
+from fedjax_semi.algorithms.base import FLState, Mapper, cohort_metrics, register, sample_cohort
 from fedjax_semi.algorithms.dofed_spp import data_roles
 from fedjax_semi.config import AlgorithmConfig, ConfigError, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine import aggregate
-from fedjax_semi.engine.clients import INIT, client_key, round_key, select_cohort
+from fedjax_semi.engine.clients import INIT, client_key, round_key
 from fedjax_semi.engine.train import (
     LocalObjective,
     Schedule,
@@ -248,13 +248,7 @@ class FedBE:
     # ------------------------------------------------------------------ clients
 
     def prepare(self, state: FLState, data: TrainView) -> tuple[dict, dict, dict]:
-        cohort = select_cohort(
-            self.seed_key,
-            state.round,
-            self.num_clients,
-            self.clients_per_round,
-            self.cfg.cohort_sampler,
-        )
+        cohort = sample_cohort(self, state.round)
         train = common.training_table(data.roles, self.cfg.baseline_train_data)
         inputs = {"id": cohort, "table": train.take(cohort)}
         shared = {"global": state.global_vars, "x": data.x, "y": data.y, "round": state.round + 1}

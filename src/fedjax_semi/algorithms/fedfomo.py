@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from fedjax_semi.algorithms import dofed_baselines as common
-from fedjax_semi.algorithms.base import FLState, Mapper, cohort_metrics, register
+from fedjax_semi.algorithms.base import FLState, Mapper, cohort_metrics, register, sample_cohort
 from fedjax_semi.algorithms.dofed_spp import data_roles
 from fedjax_semi.config import AlgorithmConfig, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
@@ -45,7 +45,6 @@ from fedjax_semi.engine.clients import (
     gather,
     round_key,
     scatter,
-    select_cohort,
 )
 from fedjax_semi.engine.train import (
     LocalObjective,
@@ -134,13 +133,7 @@ class FedFomo:
     def prepare(self, state: FLState, data: TrainView) -> tuple[dict, dict, dict]:
         """Sample the participants, pick each one's M downloads by the affinity rule."""
         c, ex, t = self.cfg, state.extra, state.round + 1
-        cohort = select_cohort(
-            self.seed_key,
-            state.round,
-            self.num_clients,
-            self.clients_per_round,
-            self.cfg.cohort_sampler,
-        )
+        cohort = sample_cohort(self, state.round)
         eps = epsilon_at(t, c.fedfomo_epsilon, c.fedfomo_epsilon_decay)
         # Drawn for all N (the kernel masks row n's own id), then the participants' rows.
         ids = sim.fedfomo_choose_downloads(

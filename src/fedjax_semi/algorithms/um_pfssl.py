@@ -25,7 +25,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fedjax_semi.algorithms.base import FLState, cohort_metrics, register
+from fedjax_semi.algorithms.base import FLState, cohort_metrics, register, sample_cohort
 from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check
 from fedjax_semi.config import AlgorithmConfig, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
@@ -43,7 +43,6 @@ from fedjax_semi.engine.clients import (
     client_key,
     gather,
     scatter,
-    select_cohort,
 )
 from fedjax_semi.engine.train import Schedule, kl_divergence, local_train, masked_mean
 from fedjax_semi.kernels.selection import lowest_mask, merge_best, sample_excluding
@@ -142,13 +141,7 @@ class UMPFSSL(FedAvgFamily):
         return self.client_update_for((False, False))(inp, shared)
 
     def prepare(self, state: FLState, data: TrainView):
-        cohort = select_cohort(
-            self.seed_key,
-            state.round,
-            self.num_clients,
-            self.clients_per_round,
-            self.cfg.cohort_sampler,
-        )
+        cohort = sample_cohort(self, state.round)
         ex = state.extra
         inputs = {
             "id": cohort,
