@@ -91,6 +91,34 @@ def torch_model(w: Workload) -> torch.nn.Module:
     raise ValueError(f"{w.name}: the PyTorch loop covers W1, W2 and W3 only")
 
 
+def local_epochs(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    idx: np.ndarray,
+    w: Workload,
+    rng: np.random.Generator,
+) -> torch.Tensor:
+    """One client's local training: w.local_epochs epochs of SGD over x[idx] in batches of
+    w.batch, reshuffled each epoch by `rng`. Returns the loss summed over the examples, as a
+    tensor on x's device (no host sync per step)."""
+    import torch
+    import torch.nn.functional as F
+
+    loss_sum = torch.zeros((), device=x.device)
+    for _ in range(w.local_epochs):
+        order = torch.from_numpy(rng.permutation(idx)).to(x.device)
+        for i in range(0, len(idx), w.batch):
+            b = order[i : i + w.batch]
+            loss = F.cross_entropy(model(x[b]), y[b])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss_sum += loss.detach() * len(b)
+    return loss_sum
+
+
 def engine_init(model: torch.nn.Module) -> None:
     """The engine's initialisation (flax's defaults): kernels LeCun normal, a normal truncated
     at two standard deviations and rescaled to variance 1 / fan_in; biases zero."""
@@ -165,7 +193,6 @@ def torch_fedavg(
     on the test set), "train_loss_last_round" (mean over the examples of the last round),
     "params", "cohort"}."""
     import torch
-    import torch.nn.functional as F
 
     if threads:
         torch.set_num_threads(threads)
@@ -204,15 +231,7 @@ def torch_fedavg(
                     p.copy_(g)
             idx = client_idx[c]
             n_c = len(idx)
-            for _ in range(w.local_epochs):
-                order = torch.from_numpy(rng.permutation(idx)).to(dev)
-                for i in range(0, n_c, w.batch):
-                    b = order[i : i + w.batch]
-                    loss = F.cross_entropy(model(x[b]), y[b])
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    loss_sum += loss.detach() * len(b)
+            loss_sum += local_epochs(model, opt, x, y, idx, w, rng)
             with torch.no_grad():
                 for a, p in zip(acc, params, strict=True):
                     a.add_(p, alpha=float(n_c))

@@ -54,10 +54,9 @@ def client_train(msg, context):
     """The ClientApp's train handler: global weights in, local SGD, weights and count out."""
     import numpy as np
     import torch
-    import torch.nn.functional as F
     from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
-    from torch_loop import torch_model
+    from torch_loop import local_epochs, torch_model
 
     cfg = msg.content["config"]
     torch.set_num_threads(int(cfg["threads"]))  # as many as the actor's CPUs: no oversubscription
@@ -70,16 +69,7 @@ def client_train(msg, context):
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=W.lr, momentum=0.0, weight_decay=0.0)
     rng = np.random.default_rng([int(cfg["seed"]), int(cfg["server-round"]), pid])
-    loss_sum = 0.0
-    for _ in range(W.local_epochs):
-        order = torch.from_numpy(rng.permutation(idx))
-        for i in range(0, len(idx), W.batch):
-            b = order[i : i + W.batch]
-            loss = F.cross_entropy(model(x[b]), y[b])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            loss_sum += loss.item() * len(b)
+    loss_sum = float(local_epochs(model, opt, x, y, idx, W, rng))
     content = RecordDict(
         {
             "arrays": ArrayRecord(model.state_dict()),

@@ -109,11 +109,6 @@ class Runner:
             warmup and jax.jit(self._replicated(lambda s, d: warmup(s, d, cmap))),
         )
 
-    @property
-    def replicas(self) -> int | None:
-        """The length of the leading replica axis of every state and metric, or None."""
-        return None if self.seeds is None else len(self.seeds)
-
     def _replicated(self, fn: Callable) -> Callable:
         """fn(state, *args) for one run -> the same over a leading replica axis of states, run r
         drawing its randomness from seed r (`algorithms.base.seeded`). The replicas share the
@@ -321,7 +316,7 @@ def simulate(
     seeds = runner.seeds
     dirs = [out_dir] if seeds is None else [out_dir / f"seed_{s}" for s in seeds]
     n = len(dirs)
-    pick = (lambda tree, r: tree) if seeds is None else _replica_picker()
+    pick = (lambda tree, r: tree) if seeds is None else _replica
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
     logs = [MetricsLog(d / "metrics.jsonl") for d in dirs]
@@ -437,9 +432,9 @@ def simulate(
                     rows[r], dirs[r] / "plots" / "accuracy.png", (title or alg.name) + seed_title
                 )
         if seeds is not None:
-            summary = _write_replicas(out_dir, seeds, rows, summaries, wall0)
+            summary = _write_replicas(out_dir, seeds, summaries, wall0)
             plot_curves(
-                summary["mean_rows"],
+                _mean_rows(rows),
                 out_dir / "plots" / "accuracy.png",
                 f"{title or alg.name} (mean of {n} seeds)",
             )
@@ -447,29 +442,20 @@ def simulate(
     return summaries[0] if seeds is None else summary
 
 
-def _replica_picker():
-    """(tree, r) -> replica r of every leaf (host arrays, after device_get)."""
-    return lambda tree, r: jax.tree.map(lambda a: np.asarray(a)[r], tree)
+def _replica(tree, r: int):
+    """Replica r of every leaf (host arrays, after device_get)."""
+    return jax.tree.map(lambda a: np.asarray(a)[r], tree)
 
 
-def _write_replicas(out_dir: Path, seeds, rows, summaries, wall0) -> dict:
-    """replicas.json: per seed its summary's headline, and mean and std over the seeds of every
-    final scalar metric; `mean_rows` is the mean curve (rounds every seed reached)."""
-    finals = [s["final"] for s in summaries]
-    keys = sorted({k for f in finals for k, v in f.items() if isinstance(v, int | float)})
-    final, final_std = {}, {}
-    for k in keys:
-        vals = [f[k] for f in finals if f.get(k) is not None]
-        if len(vals) == len(finals):
-            final[k], final_std[k] = float(np.mean(vals)), float(np.std(vals))
+def _mean_rows(rows: list[list[dict]]) -> list[dict]:
+    """The mean curve over the seeds, at the rounds every seed reached."""
     by_round: dict[int, list[dict]] = {}
     for rs in rows:
         for row in rs:
             by_round.setdefault(row["round"], []).append(row)
     mean_rows = []
-    for rnd in sorted(by_round):
-        group = by_round[rnd]
-        if len(group) < len(seeds):
+    for rnd, group in sorted(by_round.items()):
+        if len(group) < len(rows):
             continue
         row = {"round": rnd}
         for k in ("accuracy", "global_acc", "personal_acc", "train_loss"):
@@ -477,6 +463,19 @@ def _write_replicas(out_dir: Path, seeds, rows, summaries, wall0) -> dict:
             if all(v is not None for v in vals):
                 row[k] = float(np.mean(vals))
         mean_rows.append(row)
+    return mean_rows
+
+
+def _write_replicas(out_dir: Path, seeds, summaries, wall0) -> dict:
+    """replicas.json: per seed its summary's headline, and mean and std over the seeds of every
+    final scalar metric."""
+    finals = [s["final"] for s in summaries]
+    keys = sorted({k for f in finals for k, v in f.items() if isinstance(v, int | float)})
+    final, final_std = {}, {}
+    for k in keys:
+        vals = [f[k] for f in finals if f.get(k) is not None]
+        if len(vals) == len(finals):
+            final[k], final_std[k] = float(np.mean(vals)), float(np.std(vals))
     summary = {
         "algorithm": summaries[0]["algorithm"],
         "seeds": list(seeds),
@@ -495,12 +494,10 @@ def _write_replicas(out_dir: Path, seeds, rows, summaries, wall0) -> dict:
         "environment": summaries[0]["environment"],
     }
     (out_dir / "replicas.json").write_text(json.dumps(jsonable(summary), indent=2))
-    summary["mean_rows"] = mean_rows
     return summary
 
 
 def _write_summary(out_dir, alg, rows, last_eval, stopper, stop_reason, wall0, runner) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
     evals = [r for r in rows if r.get("accuracy") is not None]
     final = evals[-1] if evals else {}
     summary = {
