@@ -42,6 +42,7 @@ from fedjax_semi.engine.clients import (
     broadcast,
     client_key,
     gather,
+    map_within_client,
     scatter,
 )
 from fedjax_semi.engine.train import Schedule, kl_divergence, local_train, masked_mean
@@ -176,7 +177,7 @@ class UMPFSSL(FedAvgFamily):
                 mu, key, c.mc_samples, c.corr_form, c.entropy_reduction, c.entropy_eps, c.acc_mode,
             )  # fmt: skip
 
-        return jax.vmap(one)(models, keys)
+        return map_within_client(one, models, keys)
 
     def replace_helpers(self, inp, shared, mu, lists):
         """Alg. 2 REPLACEHELPER: keep the best R of the R worst incumbents and R random

@@ -9,7 +9,9 @@ Three ways to map a per-client function over a leading client axis, which must a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -35,15 +37,44 @@ def round_key(seed_key: jax.Array, purpose: int, rnd: jax.Array) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(seed_key, purpose), rnd)
 
 
+# True while tracing one client's work unbatched (clients mapped one at a time): maps inside it
+# (`map_within_client`) then loop too, so a `lax.cond` that skips padding stays a real branch.
+_UNBATCHED = contextvars.ContextVar("unbatched_client", default=False)
+
+
+@contextlib.contextmanager
+def tracing_clients(unbatched: bool) -> Iterator[None]:
+    """Mark the per-client function traced in the block as unbatched (or batched)."""
+    token = _UNBATCHED.set(unbatched)
+    try:
+        yield
+    finally:
+        _UNBATCHED.reset(token)
+
+
+def map_within_client(fn: Callable, *xs: PyTree) -> PyTree:
+    """fn over the leading axis of xs inside one client's work (e.g. its helper models).
+
+    A loop when the client itself is traced unbatched (CPU, chunk=1, the reference loop): under
+    a vmap both branches of a cond run, so blocks past a client's data would be computed anyway.
+    Otherwise a vmap. The two agree numerically."""
+    if _UNBATCHED.get():
+        return jax.lax.map(lambda x: fn(*x), xs)
+    return jax.vmap(fn)(*xs)
+
+
 def map_clients(fn: Callable, xs: PyTree, *shared: Any, chunk: int | str = "all") -> PyTree:
     """fn(x_i, *shared) for every i of the leading axis of xs, inside a jit."""
     n = jax.tree.leaves(xs)[0].shape[0]
     if chunk == "all" or chunk >= n:
-        return jax.vmap(fn, in_axes=(0,) + (None,) * len(shared))(xs, *shared)
+        with tracing_clients(unbatched=False):
+            return jax.vmap(fn, in_axes=(0,) + (None,) * len(shared))(xs, *shared)
     if chunk == 1:
         # A plain loop: no batch-of-one vmap, so every op keeps its unbatched form.
-        return jax.lax.map(lambda x: fn(x, *shared), xs)
-    return jax.lax.map(lambda x: fn(x, *shared), xs, batch_size=int(chunk))
+        with tracing_clients(unbatched=True):
+            return jax.lax.map(lambda x: fn(x, *shared), xs)
+    with tracing_clients(unbatched=False):
+        return jax.lax.map(lambda x: fn(x, *shared), xs, batch_size=int(chunk))
 
 
 class LoopMapper:
@@ -55,7 +86,8 @@ class LoopMapper:
     def __call__(self, fn: Callable, xs: PyTree, *shared: Any) -> PyTree:
         jfn = self._jitted.setdefault(fn, jax.jit(fn))
         n = jax.tree.leaves(xs)[0].shape[0]
-        outs = [jfn(jax.tree.map(lambda a, i=i: a[i], xs), *shared) for i in range(n)]
+        with tracing_clients(unbatched=True):  # jit traces on the first call
+            outs = [jfn(jax.tree.map(lambda a, i=i: a[i], xs), *shared) for i in range(n)]
         return jax.tree.map(lambda *a: jnp.stack(a), *outs)
 
 
