@@ -6,6 +6,7 @@ import csv
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import SMALL
@@ -131,3 +132,61 @@ def test_ttap_report_of_a_dofed_sweep(tmp_path):
             ("dofed_spp", "digits", "subset")
         }
     assert (sweep / "ttap.png").stat().st_size > 10_000
+
+
+def _fake_run(d, overrides, client_acc, labeled, unlabeled):
+    """A run directory in the simulator's on-disk format: summary, counts, Hydra overrides."""
+    import json
+
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    (d / "summary.json").write_text(
+        json.dumps(
+            {"final": {"personal_acc": float(np.mean(client_acc))}, "client_acc": client_acc}
+        )
+    )
+    (d / "counts.json").write_text(json.dumps({"labeled": labeled, "unlabeled": unlabeled}))
+
+
+def test_report_by_labeled_ratio(tmp_path, capsys):
+    """Per-bin mean accuracy of the clients by labeled ratio, against a direct computation; a
+    key overridden in one run only still separates the settings; bad edges fail clearly."""
+    from fedjax_semi.cli import report_main
+    from fedjax_semi.results.report import labeled_ratio_table
+
+    rng = np.random.default_rng(0)
+    labeled, unlabeled = rng.integers(0, 50, 40), rng.integers(0, 50, 40)
+    labeled[0], unlabeled[0] = 0, 0  # a client with no data: mu = 0
+    labeled[1], unlabeled[1] = 7, 0  # mu = 1 falls in the last, closed bin
+    mu = labeled / np.maximum(labeled + unlabeled, 1)
+    accs = {}
+    for name, overrides in [("a", ["algorithm=x"]), ("b", ["algorithm=x", "algorithm.k=2"])]:
+        for seed in (0, 1):
+            acc = rng.uniform(0, 1, 40)
+            accs.setdefault(name, []).append(acc)
+            _fake_run(
+                tmp_path / f"{name}{seed}",
+                [*overrides, f"seed={seed}"],
+                acc.tolist(),
+                labeled.tolist(),
+                unlabeled.tolist(),
+            )
+    text = labeled_ratio_table(tmp_path, [0, 0.5, 1])
+    rows = {ln.split("|")[1].strip(): ln.split("|")[2:-1] for ln in text.splitlines()[2:]}
+    assert set(rows) == {"algorithm.k=default", "algorithm.k=2"}
+    for name, label in [("a", "algorithm.k=default"), ("b", "algorithm.k=2")]:
+        seeds, low, high = rows[label]
+        assert int(seeds) == 2
+        for cell, m in [(low, mu < 0.5), (high, mu >= 0.5)]:
+            want = 100 * np.mean([a[m].mean() for a in accs[name]])
+            assert cell.strip() == f"{want:.1f} ({m.sum():g})"
+    assert (tmp_path / "report_by_labeled_ratio.md").read_text().strip() == text
+
+    report_main([str(tmp_path), "--metrics", "personal_acc", "--by-labeled-ratio", "0,0.5,1"])
+    assert "μ in [0.5, 1]" in capsys.readouterr().out
+    for bad in ("0.5,0.1", "1", "0,2", "a,b"):
+        with pytest.raises(SystemExit) as e:
+            report_main([str(tmp_path), "--by-labeled-ratio", bad])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "--by-labeled-ratio" in err and bad in err and "[0, 1]" in err

@@ -61,7 +61,7 @@ def main() -> None:
 def report_main(argv: list[str] | None = None) -> None:
     import argparse
 
-    from fedjax_semi.results.report import report, ttap
+    from fedjax_semi.results.report import labeled_ratio_table, report, ttap
 
     ap = argparse.ArgumentParser(
         prog="fedjax-semi-report",
@@ -79,11 +79,30 @@ def report_main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also write DIR/ttap.csv and DIR/ttap.png: accuracy against the simulated clock",
     )
+    ap.add_argument(
+        "--by-labeled-ratio",
+        metavar="EDGES",
+        default=None,
+        help="also tabulate the mean personal accuracy of the clients in each labeled-ratio bin, "
+        "e.g. 0,0.1,0.5,0.9,1 (semi-supervised partitions; DIR/report_by_labeled_ratio.md)",
+    )
     args = ap.parse_args(argv)
     if not args.sweep_dir.is_dir():
         _fail(f"sweep_dir={str(args.sweep_dir)!r} is not a directory")
     try:
+        edges = None
+        if args.by_labeled_ratio is not None:
+            try:
+                edges = [float(e) for e in args.by_labeled_ratio.split(",")]
+            except ValueError:
+                raise ValueError(
+                    f"--by-labeled-ratio={args.by_labeled_ratio!r} is not allowed: "
+                    "comma-separated numbers in [0, 1], e.g. 0,0.1,0.5,0.9,1"
+                ) from None
         md = report(args.sweep_dir, args.metrics.split(","), args.csv)
+        if edges is not None:
+            md += "\n\nPersonal accuracy by labeled ratio:\n\n"
+            md += labeled_ratio_table(args.sweep_dir, edges)
         if args.ttap:
             paths = ttap(args.sweep_dir)
     except ValueError as e:

@@ -65,10 +65,16 @@ def _settings(runs: list[dict]) -> list[str]:
     for r in runs:
         for o in r["overrides"]:
             values[_split(o)[0]].add(_split(o)[1])
+    for r in runs:  # a key overridden in some runs only varies too (absent = the default)
+        present = {_split(o)[0] for o in r["overrides"]}
+        for k in values.keys() - present:
+            values[k].add(None)
     varying = {k for k, v in values.items() if len(v) > 1}
     labels = []
     for r in runs:
-        parts = sorted(o for o in r["overrides"] if _split(o)[0] in varying)
+        present = {_split(o)[0] for o in r["overrides"]}
+        parts = [o for o in r["overrides"] if _split(o)[0] in varying]
+        parts = sorted(parts + [f"{k}=default" for k in varying - present])
         labels.append(" ".join(parts) or str(r["summary"].get("algorithm", r["dir"].name)))
     return labels
 
@@ -129,6 +135,73 @@ def report(root: Path, metrics: list[str], csv_path: Path | None = None) -> str:
         w.writeheader()
         w.writerows(csv_rows)
     (Path(root) / "report.md").write_text(text + "\n")
+    return text
+
+
+def _counts(run_dir: Path) -> dict | None:
+    """counts.json of a run (a replica's seed_<s>/ shares its parent's partition)."""
+    for d in (run_dir, run_dir.parent):
+        if (d / "counts.json").exists():
+            return json.loads((d / "counts.json").read_text())
+    return None
+
+
+def labeled_ratio_table(root: Path, edges: list[float]) -> str:
+    """Mean personal accuracy of the clients whose labeled ratio mu_k = |D_k^s| / (|D_k^s| +
+    |D_k^u|) falls in each bin [edges[i], edges[i+1]) (the last bin includes 1), per setting,
+    averaged over seeds. Shows where a semi-supervised method gains or loses: on the clients
+    with many labels or on those with few. Cells: "accuracy % (clients in the bin)".
+    Written to DIR/report_by_labeled_ratio.md as well."""
+    edges = [float(e) for e in edges]
+    if (
+        len(edges) < 2
+        or any(b <= a for a, b in zip(edges[:-1], edges[1:], strict=True))
+        or edges[0] < 0
+        or edges[-1] > 1
+    ):
+        raise ValueError(
+            f"--by-labeled-ratio={','.join(map(str, edges))!r} is not allowed: at least two "
+            "increasing bin edges in [0, 1], e.g. 0,0.1,0.5,0.9,1"
+        )
+    runs = find_runs(root)
+    if not runs:
+        raise ValueError(f"sweep_dir={str(root)!r} holds no run with a summary.json")
+    groups: dict[str, list[np.ndarray]] = defaultdict(list)
+    sizes: dict[str, list[np.ndarray]] = defaultdict(list)
+    for r, label in zip(runs, _settings(runs), strict=True):
+        counts, acc = _counts(r["dir"]), np.asarray(r["summary"].get("client_acc", []), float)
+        if not counts or "labeled" not in counts or "unlabeled" not in counts:
+            raise ValueError(
+                f"run {str(r['dir'])!r} has no labeled/unlabeled split in counts.json: the "
+                "labeled-ratio table needs a semi-supervised partition"
+            )
+        n_s, n_u = np.asarray(counts["labeled"], float), np.asarray(counts["unlabeled"], float)
+        if acc.shape != n_s.shape:
+            raise ValueError(
+                f"run {str(r['dir'])!r}: summary.json has {acc.size} client accuracies for "
+                f"{n_s.size} clients (the run ended before its first evaluation?)"
+            )
+        mu = n_s / np.maximum(n_s + n_u, 1)
+        bin_of = np.clip(np.searchsorted(edges, mu, side="right") - 1, 0, len(edges) - 2)
+        inside = (mu >= edges[0]) & (mu <= edges[-1])
+        in_bin = [inside & (bin_of == b) for b in range(len(edges) - 1)]
+        groups[label].append(np.array([acc[m].mean() if m.any() else np.nan for m in in_bin]))
+        sizes[label].append(np.array([m.sum() for m in in_bin]))
+    names = [
+        f"μ in [{a:g}, {b:g}{']' if i == len(edges) - 2 else ')'}"
+        for i, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True))
+    ]
+    md = ["| setting | seeds | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
+    for label, accs in groups.items():
+        with np.errstate(all="ignore"):
+            mean = np.nanmean(np.stack(accs), axis=0)
+        n = np.mean(np.stack(sizes[label]), axis=0)
+        cells = [
+            "–" if np.isnan(m) else f"{100 * m:.1f} ({c:g})" for m, c in zip(mean, n, strict=True)
+        ]
+        md.append(f"| {label} | {len(accs)} | " + " | ".join(cells) + " |")
+    text = "\n".join(md)
+    (Path(root) / "report_by_labeled_ratio.md").write_text(text + "\n")
     return text
 
 
