@@ -37,43 +37,42 @@ def round_key(seed_key: jax.Array, purpose: int, rnd: jax.Array) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(seed_key, purpose), rnd)
 
 
-# True while tracing one client's work unbatched (clients mapped one at a time): maps inside it
-# (`map_within_client`) then loop too, so a `lax.cond` that skips padding stays a real branch.
-_UNBATCHED = contextvars.ContextVar("unbatched_client", default=False)
+# True while tracing under a vmap over clients or replicas. A loop (chunk=1, the reference loop)
+# keeps the enclosing value, so maps inside one client's work (`map_within_client`) loop only
+# when nothing around them is batched: only then does a `lax.cond` that skips padding skip it.
+_BATCHED = contextvars.ContextVar("batched", default=False)
 
 
 @contextlib.contextmanager
-def tracing_clients(unbatched: bool) -> Iterator[None]:
-    """Mark the per-client function traced in the block as unbatched (or batched)."""
-    token = _UNBATCHED.set(unbatched)
+def _batched(batched: bool) -> Iterator[None]:
+    token = _BATCHED.set(_BATCHED.get() or batched)
     try:
         yield
     finally:
-        _UNBATCHED.reset(token)
+        _BATCHED.reset(token)
 
 
 def map_within_client(fn: Callable, *xs: PyTree) -> PyTree:
     """fn over the leading axis of xs inside one client's work (e.g. its helper models).
 
-    A loop when the client itself is traced unbatched (CPU, chunk=1, the reference loop): under
-    a vmap both branches of a cond run, so blocks past a client's data would be computed anyway.
+    A loop when nothing around it is batched (CPU, chunk=1, the reference loop): under a vmap
+    both branches of a cond run, so blocks past a client's data would be computed anyway.
     Otherwise a vmap. The two agree numerically."""
-    if _UNBATCHED.get():
-        return jax.lax.map(lambda x: fn(*x), xs)
-    return jax.vmap(fn)(*xs)
+    if _BATCHED.get():
+        return jax.vmap(fn)(*xs)
+    return jax.lax.map(lambda x: fn(*x), xs)
 
 
 def map_clients(fn: Callable, xs: PyTree, *shared: Any, chunk: int | str = "all") -> PyTree:
     """fn(x_i, *shared) for every i of the leading axis of xs, inside a jit."""
     n = jax.tree.leaves(xs)[0].shape[0]
     if chunk == "all" or chunk >= n:
-        with tracing_clients(unbatched=False):
+        with _batched(True):
             return jax.vmap(fn, in_axes=(0,) + (None,) * len(shared))(xs, *shared)
     if chunk == 1:
         # A plain loop: no batch-of-one vmap, so every op keeps its unbatched form.
-        with tracing_clients(unbatched=True):
-            return jax.lax.map(lambda x: fn(x, *shared), xs)
-    with tracing_clients(unbatched=False):
+        return jax.lax.map(lambda x: fn(x, *shared), xs)
+    with _batched(True):
         return jax.lax.map(lambda x: fn(x, *shared), xs, batch_size=int(chunk))
 
 
@@ -86,8 +85,7 @@ class LoopMapper:
     def __call__(self, fn: Callable, xs: PyTree, *shared: Any) -> PyTree:
         jfn = self._jitted.setdefault(fn, jax.jit(fn))
         n = jax.tree.leaves(xs)[0].shape[0]
-        with tracing_clients(unbatched=True):  # jit traces on the first call
-            outs = [jfn(jax.tree.map(lambda a, i=i: a[i], xs), *shared) for i in range(n)]
+        outs = [jfn(jax.tree.map(lambda a, i=i: a[i], xs), *shared) for i in range(n)]
         return jax.tree.map(lambda *a: jnp.stack(a), *outs)
 
 

@@ -60,23 +60,28 @@ def _split(override: str) -> tuple[str, str]:
 
 
 def _settings(runs: list[dict]) -> list[str]:
-    """A label per run: the overrides whose values vary across the sweep (seed excluded)."""
-    values: dict[str, set] = defaultdict(set)
-    for r in runs:
-        for o in r["overrides"]:
-            values[_split(o)[0]].add(_split(o)[1])
-    for r in runs:  # a key overridden in some runs only varies too (absent = the default)
-        present = {_split(o)[0] for o in r["overrides"]}
-        for k in values.keys() - present:
-            values[k].add(None)
-    varying = {k for k, v in values.items() if len(v) > 1}
+    """A label per run: the overrides whose values vary across the sweep (seed excluded). A key
+    overridden in some runs only varies too; where it is absent the label says `key=default`."""
+    keys = [{_split(o)[0]: _split(o)[1] for o in r["overrides"]} for r in runs]
+    all_keys = set().union(*keys)
+    varying = {k for k in all_keys if len({kv.get(k) for kv in keys}) > 1}
     labels = []
-    for r in runs:
-        present = {_split(o)[0] for o in r["overrides"]}
+    for r, kv in zip(runs, keys, strict=True):
         parts = [o for o in r["overrides"] if _split(o)[0] in varying]
-        parts = sorted(parts + [f"{k}=default" for k in varying - present])
+        parts = sorted(parts + [f"{k}=default" for k in varying - kv.keys()])
         labels.append(" ".join(parts) or str(r["summary"].get("algorithm", r["dir"].name)))
     return labels
+
+
+def grouped_runs(root: Path) -> dict[str, list[dict]]:
+    """The runs under root grouped by setting (`_settings`), the seeds of one setting together."""
+    runs = find_runs(root)
+    if not runs:
+        raise ValueError(f"sweep_dir={str(root)!r} holds no run with a summary.json")
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r, label in zip(runs, _settings(runs), strict=True):
+        groups[label].append(r)
+    return groups
 
 
 def _paper_value(paper, cfg: dict, metric: str):
@@ -93,12 +98,8 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def report(root: Path, metrics: list[str], csv_path: Path | None = None) -> str:
-    runs = find_runs(root)
-    if not runs:
-        raise ValueError(f"sweep_dir={str(root)!r} holds no run with a summary.json")
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for r, label in zip(runs, _settings(runs), strict=True):
-        groups[label].append(r)
+    groups = grouped_runs(root)
+    runs = [r for rs in groups.values() for r in rs]
     metrics = [m for m in metrics if any(m in r["summary"].get("final", {}) for r in runs)]
     has_paper = any(r["config"].get("paper") for r in runs)
     header = ["setting", "seeds"] + [f"{m} (mean ± std)" for m in metrics]
@@ -163,43 +164,42 @@ def labeled_ratio_table(root: Path, edges: list[float]) -> str:
             f"--by-labeled-ratio={','.join(map(str, edges))!r} is not allowed: at least two "
             "increasing bin edges in [0, 1], e.g. 0,0.1,0.5,0.9,1"
         )
-    runs = find_runs(root)
-    if not runs:
-        raise ValueError(f"sweep_dir={str(root)!r} holds no run with a summary.json")
-    groups: dict[str, list[np.ndarray]] = defaultdict(list)
+    accs: dict[str, list[np.ndarray]] = defaultdict(list)
     sizes: dict[str, list[np.ndarray]] = defaultdict(list)
-    for r, label in zip(runs, _settings(runs), strict=True):
-        counts, acc = _counts(r["dir"]), np.asarray(r["summary"].get("client_acc", []), float)
-        if not counts or "labeled" not in counts or "unlabeled" not in counts:
-            raise ValueError(
-                f"run {str(r['dir'])!r} has no labeled/unlabeled split in counts.json: the "
-                "labeled-ratio table needs a semi-supervised partition"
-            )
-        n_s, n_u = np.asarray(counts["labeled"], float), np.asarray(counts["unlabeled"], float)
-        if acc.shape != n_s.shape:
-            raise ValueError(
-                f"run {str(r['dir'])!r}: summary.json has {acc.size} client accuracies for "
-                f"{n_s.size} clients (the run ended before its first evaluation?)"
-            )
-        mu = n_s / np.maximum(n_s + n_u, 1)
-        bin_of = np.clip(np.searchsorted(edges, mu, side="right") - 1, 0, len(edges) - 2)
-        inside = (mu >= edges[0]) & (mu <= edges[-1])
-        in_bin = [inside & (bin_of == b) for b in range(len(edges) - 1)]
-        groups[label].append(np.array([acc[m].mean() if m.any() else np.nan for m in in_bin]))
-        sizes[label].append(np.array([m.sum() for m in in_bin]))
+    for label, rs in grouped_runs(root).items():
+        for r in rs:
+            counts, acc = _counts(r["dir"]), np.asarray(r["summary"].get("client_acc", []), float)
+            if not counts or "labeled" not in counts or "unlabeled" not in counts:
+                raise ValueError(
+                    f"run {str(r['dir'])!r} has no labeled/unlabeled split in counts.json: the "
+                    "labeled-ratio table needs a semi-supervised partition"
+                )
+            n_s = np.asarray(counts["labeled"], float)
+            n_u = np.asarray(counts["unlabeled"], float)
+            if acc.shape != n_s.shape:
+                raise ValueError(
+                    f"run {str(r['dir'])!r}: summary.json has {acc.size} client accuracies for "
+                    f"{n_s.size} clients (the run ended before its first evaluation?)"
+                )
+            mu = n_s / np.maximum(n_s + n_u, 1)
+            bin_of = np.clip(np.searchsorted(edges, mu, side="right") - 1, 0, len(edges) - 2)
+            inside = (mu >= edges[0]) & (mu <= edges[-1])
+            in_bin = [inside & (bin_of == b) for b in range(len(edges) - 1)]
+            accs[label].append(np.array([acc[m].mean() if m.any() else np.nan for m in in_bin]))
+            sizes[label].append(np.array([m.sum() for m in in_bin]))
     names = [
         f"μ in [{a:g}, {b:g}{']' if i == len(edges) - 2 else ')'}"
         for i, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True))
     ]
     md = ["| setting | seeds | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
-    for label, accs in groups.items():
+    for label, per_seed in accs.items():
         with np.errstate(all="ignore"):
-            mean = np.nanmean(np.stack(accs), axis=0)
+            mean = np.nanmean(np.stack(per_seed), axis=0)
         n = np.mean(np.stack(sizes[label]), axis=0)
         cells = [
             "–" if np.isnan(m) else f"{100 * m:.1f} ({c:g})" for m, c in zip(mean, n, strict=True)
         ]
-        md.append(f"| {label} | {len(accs)} | " + " | ".join(cells) + " |")
+        md.append(f"| {label} | {len(per_seed)} | " + " | ".join(cells) + " |")
     text = "\n".join(md)
     (Path(root) / "report_by_labeled_ratio.md").write_text(text + "\n")
     return text
