@@ -38,6 +38,14 @@ BAD_INPUTS = [
     (["dataset.fraction=0"], ["dataset.fraction", "0", "(0, 1]"]),
     (["stop.plateau=0.01"], ["stop.plateau", "0.01", "stop.patience >= 1"]),
     (["algorithm=um_pfssl", "algorithm.loss_schedule=mixed"], ["loss_schedule", "mixed", "joint"]),
+    (
+        ["algorithm=fixavg", "algorithm.pl_threshold=null"],
+        ["algorithm.pl_threshold", "None", "um_pfssl"],
+    ),
+    (
+        ["algorithm=um_pfssl", "algorithm.pl_threshold=1.5"],
+        ["algorithm.pl_threshold", "1.5", "[0, 1]"],
+    ),
 ]
 
 

@@ -167,6 +167,52 @@ def test_every_knob_vectorized_equals_reference_loop_ac18_a16_a43():
     )
 
 
+def test_pl_threshold_keeps_confident_pseudo_labels(tiny):
+    """pl_threshold (spec 2.6): 0 keeps every pseudo-label, bit-identical to the default null; a
+    threshold no pseudo-label reaches drops them all (nothing scored), and then what they were
+    (soft or hard) cannot change training; in between, pl_kept is the share of scored rows."""
+    base, states, _ = tiny
+    unl = np.asarray(base.fed.roles["unlabeled"].count)
+
+    def run(*extra):
+        exp = experiment.build(compose_config(*TINY, *extra))
+        return rounds(exp.runner(chunk=1), ROUNDS)
+
+    def kept_share(rows):
+        """Per round: the cohort's mean share of unlabeled rows given a scored pseudo-label (0
+        for a client without unlabeled rows), checked against pl_kept."""
+        shares = []
+        for r in rows:
+            n_u = unl[np.asarray(r["cohort"])]
+            scored = (np.asarray(r["pl_label"]) >= 0).sum(axis=1)
+            assert (scored <= n_u).all()
+            shares.append(np.mean(scored / np.maximum(n_u, 1)))
+            assert r["pl_kept"] == pytest.approx(shares[-1], abs=1e-6)
+        return np.asarray(shares)
+
+    def same(a, b):
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+    zero, zero_rows = run("algorithm.pl_threshold=0.0")
+    same(states[-1], zero[-1])
+    everyone = [np.mean(unl[np.asarray(r["cohort"])] > 0) for r in zero_rows]
+    np.testing.assert_allclose(kept_share(zero_rows), everyone, atol=1e-6)
+
+    dropped = {
+        p: run("algorithm.pl_threshold=1.0", f"algorithm.pseudo_label={p}")
+        for p in ("soft", "hard")
+    }
+    for _, rows in dropped.values():
+        assert (kept_share(rows) == 0).all()
+    same(dropped["soft"][0][-1], dropped["hard"][0][-1])
+    with pytest.raises(AssertionError):  # ...while dropping them does change training
+        same(states[-1].client_vars, dropped["soft"][0][-1].client_vars)
+
+    _, half_rows = run("algorithm.pl_threshold=0.5")
+    assert 0 < kept_share(half_rows).mean() < np.mean(everyone)
+
+
 def test_pseudo_label_accuracy_scoring():
     """The spec 2.6 diagnostic, scored on the host after the round (simulate.py writes it to
     metrics.jsonl as pl_acc; test_cli's TTAP test reads it back from a real sweep)."""

@@ -214,16 +214,21 @@ def test_pseudo_labels_ac7(s, m, nu, seed):
     ent[:, -1] = ent[:, 0]  # the last helper ties with self: ties must go to the lower slot
     valid = rng.uniform(size=(s, m)) < 0.6
     valid[:, 0] = True
-    y_hat, chosen = uncertainty.helper_pseudo_labels(jnp.asarray(p_bar), jnp.asarray(ent), valid)
-    y_hat, chosen = np.asarray(y_hat), np.asarray(chosen)
+    out = uncertainty.helper_pseudo_labels(jnp.asarray(p_bar), jnp.asarray(ent), valid)
+    y_hat, chosen, confidence = (np.asarray(a) for a in out)
     for a in range(s):
         for i in range(nu):
             masked = np.where(valid[a], ent[a, :, i], np.inf)
             assert chosen[a, i] == int(np.argmin(masked))  # first minimum, valid only
             np.testing.assert_allclose(y_hat[a, i], p_bar[a, chosen[a, i], i])
+            assert confidence[a, i] == pytest.approx(p_bar[a, chosen[a, i], i].max())
     np.testing.assert_allclose(y_hat.sum(-1), 1, atol=1e-5)
-    hard, _ = uncertainty.helper_pseudo_labels(jnp.asarray(p_bar), jnp.asarray(ent), valid, True)
-    assert set(np.unique(np.asarray(hard)).tolist()) <= {0.0, 1.0}
+    hard, hard_chosen, hard_conf = uncertainty.helper_pseudo_labels(
+        jnp.asarray(p_bar), jnp.asarray(ent), valid, True
+    )
+    np.testing.assert_array_equal(np.asarray(hard), np.eye(nc)[y_hat.argmax(-1)])
+    np.testing.assert_array_equal(hard_chosen, chosen)
+    np.testing.assert_array_equal(hard_conf, confidence)  # of the soft label, before one-hot
 
 
 @settings(max_examples=40, deadline=None)

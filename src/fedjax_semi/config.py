@@ -42,8 +42,9 @@ class AlgorithmConfig:
     # Which leaves the server averages: all | none | fedbn | fedper | lg (see engine.aggregate).
     shared: str = "all"
     prox_mu: float = 0.0  # FedProx proximal term (mu / 2) ||w - w_global||^2
-    # Pseudo-labelling of the client's own unlabeled data (fedavg_pl).
-    pl_threshold: float = 0.95
+    # Pseudo-labelling of the client's own unlabeled data (fedavg_pl, the FixMatch methods): keep
+    # a pseudo-label when its top probability is >= pl_threshold. null = keep all (um_pfssl only).
+    pl_threshold: float | None = 0.95
     pl_weight: float = 1.0
     unlabeled_batch_ratio: int = 1  # unlabeled batch = ratio * batch_size
     pl_warmup_rounds: int = 0  # rounds of labeled-only training before pseudo-labels are used
@@ -385,8 +386,10 @@ def validate(cfg: Config) -> None:
         raise bad("algorithm.shared", a.shared, f"one of {sorted(SHARE_PRESETS)}")
     if a.prox_mu < 0:
         raise bad("algorithm.prox_mu", a.prox_mu, "a number >= 0")
-    if not 0 <= a.pl_threshold <= 1:
-        raise bad("algorithm.pl_threshold", a.pl_threshold, "a number in [0, 1]")
+    if a.pl_threshold is None and a.name != "um_pfssl":
+        raise bad("algorithm.pl_threshold", None, "a number in [0, 1] (null only for um_pfssl)")
+    if a.pl_threshold is not None and not 0 <= a.pl_threshold <= 1:
+        raise bad("algorithm.pl_threshold", a.pl_threshold, "a number in [0, 1], or null")
     if a.unlabeled_batch_ratio < 1:
         raise bad("algorithm.unlabeled_batch_ratio", a.unlabeled_batch_ratio, "an integer >= 1")
     chunk = parse_chunk("hardware.chunk", h.chunk, auto=True)

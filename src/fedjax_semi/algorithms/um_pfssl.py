@@ -266,13 +266,17 @@ class UMPFSSL(FedAvgFamily):
                 jax.tree.map(lambda a: a[None], agg), k[None], MC_STATS + 100, inp, shared, mu
             )
             p_bar, ent = p_bar.at[0].set(own_st["p_bar_u"][0]), ent.at[0].set(own_st["ent_u"][0])
-        y_hat, chosen = helper_pseudo_labels(
+        y_hat, chosen, confidence = helper_pseudo_labels(
             p_bar[None], ent[None], hval[None], c.pseudo_label == "hard"
         )
-        y_hat, chosen = y_hat[0], chosen[0]
+        y_hat, chosen, confidence = y_hat[0], chosen[0], confidence[0]
+        # Optional confidence threshold (spec 2.6, pl_threshold: null = keep every pseudo-label).
+        keep = jnp.ones_like(confidence, bool)
+        if c.pl_threshold is not None:
+            keep = confidence >= c.pl_threshold
 
         # g. TRAIN on D_k with the mu-weighted joint loss, or alternating CE and KL passes.
-        new_vars, stats = self.train_client(agg, inp, shared, y_hat, mu)
+        new_vars, stats = self.train_client(agg, inp, shared, y_hat, keep, mu)
         nu_max = unl.idx.shape[0]
         unl_mask = jnp.arange(nu_max) < n_u
         return {
@@ -295,12 +299,14 @@ class UMPFSSL(FedAvgFamily):
             ),
             "corr_mean": jnp.mean(st["corr"]),
             # For the pseudo-label accuracy diagnostic, scored outside training (simulate.py).
+            "pl_kept": masked_mean(keep.astype(jnp.float32), unl_mask),
             "pl_index": unl.idx,
-            "pl_label": jnp.where(unl_mask, jnp.argmax(y_hat, -1), -1),
+            "pl_label": jnp.where(unl_mask & keep, jnp.argmax(y_hat, -1), -1),
         }
 
-    def train_client(self, agg, inp, shared, y_hat, mu):
-        """E local epochs from the aggregated model; momentum starts fresh (A22).
+    def train_client(self, agg, inp, shared, y_hat, keep, mu):
+        """E local epochs from the aggregated model; momentum starts fresh (A22). Unlabeled
+        samples with keep [Nu] false (below pl_threshold) get weight 0.
 
         joint: each epoch shuffles D_k = D_k^s + D_k^u (compacted into one table row) with
         per-sample weights mu (labeled, one-hot target) and 1 - mu (unlabeled, y_hat).
@@ -321,7 +327,7 @@ class UMPFSSL(FedAvgFamily):
             upos = jnp.clip(p - n_s, 0, nu_max - 1)
             idx = jnp.where(is_lab, lab.idx[jnp.clip(p, 0, ns_max - 1)], unl.idx[upos])
             target = jnp.where(is_lab[:, None], one_hot(idx), y_hat[upos])
-            weight = jnp.where(is_lab, mu, 1.0 - mu)
+            weight = jnp.where(is_lab, mu, (1.0 - mu) * keep[upos])
             new_vars, _, stats = train(
                 variables=agg,
                 opt_state=self.tx.init(agg["params"]),
@@ -336,7 +342,7 @@ class UMPFSSL(FedAvgFamily):
         one_epoch = Schedule(self.schedule.batch_size, 1, 0)
         passes = [
             (lab, {"target": one_hot(lab.idx), "weight": jnp.ones(lab.idx.shape[0])}),
-            (unl, {"target": y_hat, "weight": jnp.ones(unl.idx.shape[0])}),
+            (unl, {"target": y_hat, "weight": keep.astype(jnp.float32)}),
         ]
 
         def epoch(carry, e):
@@ -388,6 +394,7 @@ class UMPFSSL(FedAvgFamily):
             **cohort_metrics(cohort, out, out["vars"]),
             "pl_from_self": jnp.mean(out["pl_from_self"]),
             "pl_entropy": jnp.mean(out["pl_entropy"]),
+            "pl_kept": jnp.mean(out["pl_kept"]),
             "corr_mean": jnp.mean(out["corr_mean"]),
             "pl_index": out["pl_index"],
             "pl_label": out["pl_label"],

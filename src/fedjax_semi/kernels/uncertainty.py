@@ -226,15 +226,17 @@ def personalized_average(weights: jax.Array, helpers: PyTree) -> PyTree:
 
 def helper_pseudo_labels(
     p_bar: jax.Array, ent: jax.Array, valid: jax.Array, hard: bool = False
-) -> tuple[jax.Array, jax.Array]:
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Pseudo-labels from the least uncertain valid helper per sample (Eq. 11).
 
     p_bar [S, M, Nu, NC], ent [S, M, Nu], valid [S, M] -> (y_hat [S, Nu, NC], chosen slot
-    [S, Nu]). Ties go to the lowest slot (self is slot 0). `hard` gives one-hot labels.
+    [S, Nu], confidence [S, Nu]). Ties go to the lowest slot (self is slot 0). `hard` gives
+    one-hot labels; confidence is the chosen helper's top MC-mean probability either way.
     """
     masked = jnp.where(valid[:, :, None], ent, jnp.inf)
     chosen = jnp.argmin(masked, axis=1)  # [S, Nu]; argmin returns the first minimum
     y_hat = jnp.take_along_axis(p_bar, chosen[:, None, :, None], axis=1)[:, 0]
+    confidence = jnp.max(y_hat, -1)
     if hard:
         y_hat = jax.nn.one_hot(jnp.argmax(y_hat, -1), p_bar.shape[-1], dtype=y_hat.dtype)
-    return y_hat, chosen
+    return y_hat, chosen, confidence
