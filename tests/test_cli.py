@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 
@@ -79,13 +80,26 @@ def test_multirun_sweep_and_report(tmp_path):
             "-c",
             "from fedjax_semi.cli import report_main; report_main()",
             str(sweep),
+            "--by-participations",
+            "0,1,2",
         ],
         capture_output=True,
         text=True,
     )
     assert rep.returncode == 0, rep.stderr
-    lines = [ln for ln in rep.stdout.splitlines() if ln.startswith("| algorithm=")]
+    table, _, by_part = rep.stdout.partition("Personal accuracy by participations")
+    lines = [ln for ln in table.splitlines() if ln.startswith("| algorithm=")]
     assert len(lines) == 2 and all("| 2 |" in ln and "±" in ln for ln in lines)
+    # Each round's cohort is logged: 4 distinct clients of 12, so 2 rounds give 8 participations.
+    for metrics in sweep.rglob("metrics.jsonl"):
+        cohorts = [json.loads(ln)["cohort"] for ln in metrics.read_text().splitlines()]
+        assert len(cohorts) == 2 and all(len(set(c)) == 4 for c in cohorts)
+        assert all(0 <= i < 12 for c in cohorts for i in c)
+    part_rows = [ln.split("|")[3:-1] for ln in by_part.splitlines() if ln.startswith("| alg")]
+    assert len(part_rows) == 2
+    for cells in part_rows:  # clients per bin (means over the 2 seeds) add up to 12
+        n = [float(c.split("(")[1].rstrip(") ")) for c in cells if "(" in c]
+        assert sum(n) == 12 and len(cells) == 3
     with open(sweep / "report.csv") as f:
         rows = list(csv.DictReader(f))
     assert {r["setting"] for r in rows} == {"algorithm=fedavg", "algorithm=local"}
@@ -154,6 +168,60 @@ def _fake_run(d, overrides, client_acc, labeled, unlabeled):
         )
     )
     (d / "counts.json").write_text(json.dumps({"labeled": labeled, "unlabeled": unlabeled}))
+
+
+def test_report_by_participations(tmp_path, capsys):
+    """Per-bin mean accuracy of the clients by rounds taken part in, counted from the cohorts
+    of metrics.jsonl up to the final evaluation, against a direct computation; runs without
+    logged cohorts and bad edges fail clearly."""
+    import json
+
+    from fedjax_semi.cli import report_main
+    from fedjax_semi.results.report import participation_table
+
+    rng = np.random.default_rng(1)
+    k, rounds, s = 30, 6, 5
+    cohorts = [rng.choice(k, s, replace=False) for _ in range(rounds + 2)]  # 2 past the final
+    part = np.bincount(np.concatenate(cohorts[:rounds]), minlength=k)
+    accs = []
+    for seed in (0, 1):
+        acc = rng.uniform(0, 1, k)
+        accs.append(acc)
+        d = tmp_path / f"r{seed}"
+        _fake_run(d, ["algorithm=x", f"seed={seed}"], acc.tolist(), [1] * k, [1] * k)
+        summary = json.loads((d / "summary.json").read_text())
+        summary["final"]["round"], summary["algorithm"] = rounds, "x"
+        (d / "summary.json").write_text(json.dumps(summary))
+        (d / "metrics.jsonl").write_text(
+            "".join(
+                json.dumps({"round": t + 1, "cohort": c.tolist()}) + "\n"
+                for t, c in enumerate(cohorts)
+            )
+        )
+    text = participation_table(tmp_path, [0, 1, 3])
+    header, _, row = text.splitlines()
+    assert header.split("|")[3:-1] == [" 0 ", " 1-2 ", " ≥ 3 "]
+    cells = row.split("|")[3:-1]
+    for cell, m in zip(cells, [part == 0, (part >= 1) & (part < 3), part >= 3], strict=True):
+        want = (
+            "–"
+            if not m.any()
+            else f"{100 * np.mean([a[m].mean() for a in accs]):.1f} ({m.sum():g})"
+        )
+        assert cell.strip() == want
+    assert (tmp_path / "report_by_participations.md").read_text().strip() == text
+
+    report_main([str(tmp_path), "--metrics", "personal_acc", "--by-participations", "0,1,3"])
+    assert "≥ 3" in capsys.readouterr().out
+    for bad in ("2,1", "0,1.5", "-1,2", "a"):
+        with pytest.raises(SystemExit) as e:
+            report_main([str(tmp_path), f"--by-participations={bad}"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "--by-participations" in err and bad in err and "integers" in err
+    (tmp_path / "r1" / "metrics.jsonl").write_text('{"round": 1}\n')  # logged before cohorts
+    with pytest.raises(ValueError, match="cohort"):
+        participation_table(tmp_path, [0, 1])
 
 
 def test_report_by_labeled_ratio(tmp_path, capsys):

@@ -61,7 +61,12 @@ def main() -> None:
 def report_main(argv: list[str] | None = None) -> None:
     import argparse
 
-    from fedjax_semi.results.report import labeled_ratio_table, report, ttap
+    from fedjax_semi.results.report import (
+        labeled_ratio_table,
+        participation_table,
+        report,
+        ttap,
+    )
 
     ap = argparse.ArgumentParser(
         prog="fedjax-semi-report",
@@ -86,6 +91,14 @@ def report_main(argv: list[str] | None = None) -> None:
         help="also tabulate the mean personal accuracy of the clients in each labeled-ratio bin, "
         "e.g. 0,0.1,0.5,0.9,1 (semi-supervised partitions; DIR/report_by_labeled_ratio.md)",
     )
+    ap.add_argument(
+        "--by-participations",
+        metavar="EDGES",
+        default=None,
+        help="also tabulate the mean personal accuracy of the clients by how many rounds they "
+        "took part in, bins [a, b) and >= the last edge, e.g. 0,1,2,3,6 "
+        "(DIR/report_by_participations.md)",
+    )
     args = ap.parse_args(argv)
     if not args.sweep_dir.is_dir():
         _fail(f"sweep_dir={str(args.sweep_dir)!r} is not a directory")
@@ -99,10 +112,22 @@ def report_main(argv: list[str] | None = None) -> None:
                     f"--by-labeled-ratio={args.by_labeled_ratio!r} is not allowed: "
                     "comma-separated numbers in [0, 1], e.g. 0,0.1,0.5,0.9,1"
                 ) from None
+        part_edges = None
+        if args.by_participations is not None:
+            try:
+                part_edges = [float(e) for e in args.by_participations.split(",")]
+            except ValueError:
+                raise ValueError(
+                    f"--by-participations={args.by_participations!r} is not allowed: "
+                    "comma-separated increasing integers >= 0, e.g. 0,1,2,3,6"
+                ) from None
         md = report(args.sweep_dir, args.metrics.split(","), args.csv)
         if edges is not None:
             md += "\n\nPersonal accuracy by labeled ratio:\n\n"
             md += labeled_ratio_table(args.sweep_dir, edges)
+        if part_edges is not None:
+            md += "\n\nPersonal accuracy by participations (rounds a client took part in):\n\n"
+            md += participation_table(args.sweep_dir, part_edges)
         if args.ttap:
             paths = ttap(args.sweep_dir)
     except ValueError as e:

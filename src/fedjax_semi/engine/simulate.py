@@ -386,6 +386,7 @@ def simulate(
                 mr = pick(m, r)
                 row = {"round": rnd}
                 row.update(_scalars({k: v for k, v in mr.items() if k != "client_finite"}))
+                row["cohort"] = np.asarray(mr["cohort"]).tolist()  # for per-client diagnostics
                 if "pl_label" in mr:
                     row["pl_acc"] = pseudo_label_accuracy(
                         mr["pl_index"], mr["pl_label"], fed.eval_y
@@ -499,7 +500,7 @@ def _write_replicas(out_dir: Path, seeds, summaries, wall0) -> dict:
 
 def _write_summary(out_dir, alg, rows, last_eval, stopper, stop_reason, wall0, runner) -> dict:
     evals = [r for r in rows if r.get("accuracy") is not None]
-    final = evals[-1] if evals else {}
+    final = {k: v for k, v in evals[-1].items() if k != "cohort"} if evals else {}
     summary = {
         "algorithm": alg.name,
         "rounds_completed": rows[-1]["round"] if rows else 0,
