@@ -11,6 +11,7 @@ import csv
 import json
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -147,7 +148,12 @@ def _counts(run_dir: Path) -> dict | None:
     return None
 
 
-def _client_bin_table(root: Path, per_client, bins: list[tuple[str, object]], out_name: str) -> str:
+def _client_bin_table(
+    root: Path,
+    per_client: Callable[[dict], np.ndarray],
+    bins: list[tuple[str, Callable[[np.ndarray], np.ndarray]]],
+    out_name: str,
+) -> str:
     """Mean personal accuracy of the clients in each bin of a per-client quantity, per setting,
     averaged over seeds. per_client(run) -> values [K]; bins: (column name, values -> mask).
     Cells: "accuracy % (clients in the bin, mean over seeds)". Also written to DIR/out_name."""
