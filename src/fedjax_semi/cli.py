@@ -58,6 +58,16 @@ def main() -> None:
     hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(_task)()
 
 
+def _edges(flag: str, value: str | None, allowed: str) -> list[float] | None:
+    """Comma-separated bin edges of a report flag, or None when the flag is not given."""
+    if value is None:
+        return None
+    try:
+        return [float(e) for e in value.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag}={value!r} is not allowed: comma-separated {allowed}") from None
+
+
 def report_main(argv: list[str] | None = None) -> None:
     import argparse
 
@@ -103,24 +113,14 @@ def report_main(argv: list[str] | None = None) -> None:
     if not args.sweep_dir.is_dir():
         _fail(f"sweep_dir={str(args.sweep_dir)!r} is not a directory")
     try:
-        edges = None
-        if args.by_labeled_ratio is not None:
-            try:
-                edges = [float(e) for e in args.by_labeled_ratio.split(",")]
-            except ValueError:
-                raise ValueError(
-                    f"--by-labeled-ratio={args.by_labeled_ratio!r} is not allowed: "
-                    "comma-separated numbers in [0, 1], e.g. 0,0.1,0.5,0.9,1"
-                ) from None
-        part_edges = None
-        if args.by_participations is not None:
-            try:
-                part_edges = [float(e) for e in args.by_participations.split(",")]
-            except ValueError:
-                raise ValueError(
-                    f"--by-participations={args.by_participations!r} is not allowed: "
-                    "comma-separated increasing integers >= 0, e.g. 0,1,2,3,6"
-                ) from None
+        edges = _edges(
+            "--by-labeled-ratio", args.by_labeled_ratio, "numbers in [0, 1], e.g. 0,0.1,0.5,0.9,1"
+        )
+        part_edges = _edges(
+            "--by-participations",
+            args.by_participations,
+            "increasing integers >= 0, e.g. 0,1,2,3,6",
+        )
         md = report(args.sweep_dir, args.metrics.split(","), args.csv)
         if edges is not None:
             md += "\n\nPersonal accuracy by labeled ratio:\n\n"
