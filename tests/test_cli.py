@@ -90,7 +90,7 @@ def test_multirun_sweep_and_report(tmp_path):
     table, _, by_part = rep.stdout.partition("Personal accuracy by participations")
     lines = [ln for ln in table.splitlines() if ln.startswith("| algorithm=")]
     assert len(lines) == 2 and all("| 2 |" in ln and "±" in ln for ln in lines)
-    # Each round's cohort is logged: 4 distinct clients of 12, so 2 rounds give 8 participations.
+    # Each round's cohort is logged: 4 distinct clients of the 12.
     for metrics in sweep.rglob("metrics.jsonl"):
         cohorts = [json.loads(ln)["cohort"] for ln in metrics.read_text().splitlines()]
         assert len(cohorts) == 2 and all(len(set(c)) == 4 for c in cohorts)
@@ -174,8 +174,6 @@ def test_report_by_participations(tmp_path, capsys):
     """Per-bin mean accuracy of the clients by rounds taken part in, counted from the cohorts
     of metrics.jsonl up to the final evaluation, against a direct computation; runs without
     logged cohorts and bad edges fail clearly."""
-    import json
-
     from fedjax_semi.cli import report_main
     from fedjax_semi.results.report import participation_table
 
