@@ -223,6 +223,28 @@ def test_pseudo_label_accuracy_scoring():
     )
     assert got == pytest.approx(1 / 3)
     assert pseudo_label_accuracy(np.zeros((1, 2), int), -np.ones((1, 2), int), np.arange(4)) is None
+    # [S, M, N]: a row is right when any helper's label is; rows no helper labels are not scored.
+    helpers = np.asarray([[[0, 9, -1], [9, 1, -1]], [[9, 9, -1], [9, 3, -1]]])
+    index = np.asarray([[0, 1, 2], [0, 3, 0]])
+    assert pseudo_label_accuracy(index, helpers, np.arange(4)) == pytest.approx(3 / 4)
+
+
+def test_helper_label_diagnostics(tiny):
+    """pl_self_label is helper slot 0 (the client's own model); the pseudo-label is the chosen
+    helper's argmax, so it is always among the helpers' labels and pl_acc <= pl_any_helper_acc."""
+    from fedjax_semi.engine.simulate import pseudo_label_accuracy
+
+    exp, _, rows = tiny
+    for r in rows:
+        helper, chosen = np.asarray(r["pl_helper_label"]), np.asarray(r["pl_label"])
+        assert helper.shape[:2] == (3, 3)  # [S, M, Nu]
+        np.testing.assert_array_equal(helper[:, 0], r["pl_self_label"])
+        scored = chosen >= 0
+        assert scored.any()
+        assert (helper.transpose(1, 0, 2) == chosen).any(0)[scored].all()
+        idx = r["pl_index"]
+        acc = [pseudo_label_accuracy(idx, x, exp.fed.eval_y) for x in (chosen, helper)]
+        assert acc[0] <= acc[1]
 
 
 def test_hidden_labels_change_nothing(tiny_runner, tiny):

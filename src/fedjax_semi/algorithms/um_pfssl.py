@@ -302,6 +302,12 @@ class UMPFSSL(FedAvgFamily):
             "pl_kept": masked_mean(keep.astype(jnp.float32), unl_mask),
             "pl_index": unl.idx,
             "pl_label": jnp.where(unl_mask & keep, jnp.argmax(y_hat, -1), -1),
+            # What the own model (before aggregation) and each helper predict: was the right
+            # label among the helpers, and did the least-uncertain rule pick it?
+            "pl_self_label": jnp.where(unl_mask, jnp.argmax(st["p_bar_u"][0], -1), -1),
+            "pl_helper_label": jnp.where(
+                unl_mask & hval[:, None], jnp.argmax(st["p_bar_u"], -1), -1
+            ),
         }
 
     def train_client(self, agg, inp, shared, y_hat, keep, mu):
@@ -398,6 +404,8 @@ class UMPFSSL(FedAvgFamily):
             "corr_mean": jnp.mean(out["corr_mean"]),
             "pl_index": out["pl_index"],
             "pl_label": out["pl_label"],
+            "pl_self_label": out["pl_self_label"],
+            "pl_helper_label": out["pl_helper_label"],
             **{f"comm_{n}": v for n, v in comm.items()},
             "comm_cost": sum(comm[n] for n in COUNTERS[:4]),
         }

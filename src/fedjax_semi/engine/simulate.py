@@ -272,16 +272,29 @@ class EarlyStopper:
         return None
 
 
+# Labels an algorithm reports for its unlabeled rows (beside pl_index) -> the metric they are
+# scored into. pl_label: the pseudo-labels trained on; pl_self_label: the client's own model's
+# prediction; pl_helper_label [S, M, N]: every helper's, scored as "some helper was right".
+PSEUDO_LABEL_SCORES = {
+    "pl_label": "pl_acc",
+    "pl_self_label": "pl_self_acc",
+    "pl_helper_label": "pl_any_helper_acc",
+}
+
+
 def pseudo_label_accuracy(index, label, eval_y) -> float | None:
     """Share of pseudo-labels that equal the hidden true labels (a diagnostic only: it runs on
-    the host after the round, and training never sees eval_y). index, label [S, N]; label -1
-    marks padding."""
+    the host after the round, and training never sees eval_y). index [S, N]; label [S, N], or
+    [S, M, N] where a row is right when any of its M labels is; label -1 marks padding."""
     label = np.asarray(label)
-    valid = label >= 0
+    truth = np.asarray(eval_y)[np.asarray(index)]
+    if label.ndim == truth.ndim + 1:
+        hit, valid = (label == truth[:, None]).any(1), (label >= 0).any(1)
+    else:
+        hit, valid = label == truth, label >= 0
     if not valid.any():
         return None
-    truth = np.asarray(eval_y)[np.asarray(index)]
-    return float(np.mean(truth[valid] == label[valid]))
+    return float(np.mean(hit[valid]))
 
 
 def _scalars(m: dict) -> dict:
@@ -387,10 +400,9 @@ def simulate(
                 row = {"round": rnd}
                 row.update(_scalars({k: v for k, v in mr.items() if k != "client_finite"}))
                 row["cohort"] = np.asarray(mr["cohort"]).tolist()  # for per-client diagnostics
-                if "pl_label" in mr:
-                    row["pl_acc"] = pseudo_label_accuracy(
-                        mr["pl_index"], mr["pl_label"], fed.eval_y
-                    )
+                for name, score in PSEUDO_LABEL_SCORES.items():
+                    if name in mr:
+                        row[score] = pseudo_label_accuracy(mr["pl_index"], mr[name], fed.eval_y)
                 row["sim_time"] = float(pick(state.sim_time, r))
                 if evaluated:
                     last_eval[r] = pick(ev, r)
