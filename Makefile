@@ -3,14 +3,23 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# Every install comes from the lock (exact versions of everything, the extras dev, tfds and sweeps
+# included); pyproject.toml keeps only floors, for those who install the package as a library.
+LOCK   := requirements.lock
 
-.PHONY: run test test-slow bench bench-throughput bench-peers lint data setup clean
+.PHONY: run test test-slow bench bench-throughput bench-peers lint lock data setup clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev,tfds]"
+	$(PY) -m pip install -q -r $(LOCK)
+	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
+
+# Re-resolve the lock from pyproject.toml's floors (newest versions that satisfy them); to move
+# one package only: make lock LOCK_ARGS="--upgrade-package jax".
+lock: $(STAMP)
+	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --extra tfds --extra sweeps \
+		--universal --python-version 3.11 $(LOCK_ARGS) -o $(LOCK)
 
 setup: $(STAMP)
 
@@ -31,21 +40,26 @@ test-slow: $(STAMP)
 bench: data
 	$(PY) benchmarks/engine.py
 
+# torch comes from the default package registry; a CPU-only wheel index is an option:
+#   make bench-throughput TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_SPEC ?= torch
+TORCH_INDEX ?=
+TORCH_PIP_ARGS = $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+
 # The standard workloads W1-W4, every mapping side by side, plus the PyTorch per-client loop.
 bench-throughput: data
-	$(PY) -m pip install -q torch --index-url $(TORCH_CPU_INDEX)
+	$(PY) -m pip install -q $(TORCH_SPEC) $(TORCH_PIP_ARGS)
 	$(PY) benchmarks/throughput.py --torch $(BENCH_ARGS)
 
 # Optional peers (no test needs them): pfl-research on W1, Flower's simulation engine on W3.
 # pfl and flwr would downgrade absl-py/attrs/protobuf/rich in $(VENV), so they get their own venv
 # with jax/flax/optax pinned to $(VENV)'s versions (benchmarks/common.py records them).
 PEERS_VENV ?= .venv-peers
-TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 PEERS_ARGS ?= --rounds 20
 
 $(PEERS_VENV)/.installed: $(STAMP)
 	$(PYTHON) -m venv $(PEERS_VENV)
-	$(PEERS_VENV)/bin/pip install -q torch --index-url $(TORCH_CPU_INDEX)
+	$(PEERS_VENV)/bin/pip install -q $(TORCH_SPEC) $(TORCH_PIP_ARGS)
 	$(PEERS_VENV)/bin/pip install -q pfl "flwr[simulation]" \
 		$$($(VENV)/bin/pip freeze | grep -E '^(jax|jaxlib|flax|optax)==')
 	$(PEERS_VENV)/bin/pip install -q --no-deps -e .
