@@ -268,7 +268,8 @@ def test_selection_and_student_set_ac9_ac15(tiny):
         row, sr = rows[t - 1], states[t - 1].extra["sr"]
         chosen, _, value = sim.greedy_select(sr, K, B, fast_path=False)
         np.testing.assert_array_equal(row["chosen"], np.asarray(chosen))
-        assert row["F"] == pytest.approx(float(value), rel=1e-6)
+        # float32 sums of SRs in [0, 1], in the round program vs eagerly: another order.
+        assert row["F"] == pytest.approx(float(value), rel=1e-5, abs=1e-6)
         assert (row["K"], row["B"]) == (K, B)
         assert row["local_steps"] == pytest.approx(np.mean(-(-(n_u + n_l) // BATCH)))
         labels = row["pl_label"]

@@ -330,7 +330,10 @@ def test_joint_loss_ac8():
     assert (np.asarray(kl_divergence(logits, soft)) >= -1e-6).all()
     np.testing.assert_allclose(kl_divergence(jnp.log(soft), soft), 0.0, atol=1e-5)
     np.testing.assert_allclose(
-        kl_divergence(logits, jax.nn.one_hot(y, 10))[:3], cross_entropy(logits, y)[:3], rtol=1e-5
+        kl_divergence(logits, jax.nn.one_hot(y, 10))[:3],
+        cross_entropy(logits, y)[:3],
+        rtol=1e-5,
+        atol=1e-6,  # float32 losses of O(1) logits, two formulas: atol for losses near 0
     )
     key = jax.random.PRNGKey(1)
 
