@@ -11,7 +11,12 @@ import numpy as np
 from fedjax_semi.algorithms import Algorithm, make_algorithm
 from fedjax_semi.config import Config, bad, parse_chunk, validate
 from fedjax_semi.data.federated import FederatedData, build_federated
-from fedjax_semi.data.partition import Partition, apply_client_transforms, build_partition
+from fedjax_semi.data.partition import (
+    Partition,
+    PartitionFileError,
+    apply_client_transforms,
+    build_partition,
+)
 from fedjax_semi.data.sources import ArrayDataset, load_dataset, subsample
 from fedjax_semi.engine.simulate import Runner, simulate
 from fedjax_semi.models.zoo import Model, make_model
@@ -67,16 +72,48 @@ def num_devices(devices: int | str) -> int:
 def make_partition(cfg: Config, ds: ArrayDataset) -> Partition:
     p = cfg.partition
     if p.file:
-        part = Partition.load(p.file)
-        if part.num_clients != cfg.num_clients:
-            raise bad(
-                "num_clients",
-                cfg.num_clients,
-                f"{part.num_clients}, the number of clients in partition.file={p.file}",
-            )
-        return part
+        return load_partition_file(p.file, ds, cfg.num_clients)
     knobs = {k: v for k, v in dataclasses.asdict(p).items() if k != "file"}
     return build_partition(ds, num_clients=cfg.num_clients, seed=data_seed(cfg), **knobs)
+
+
+# What every scheme's partition holds: client roles and server sets the engine reads.
+REQUIRED_ROLES = ("labeled", "test")
+REQUIRED_SERVER_SETS = ("test_global",)
+
+
+def load_partition_file(path: str, ds: ArrayDataset, num_clients: int) -> Partition:
+    """partition.file, checked against the dataset and num_clients before any work starts: a
+    file that does not fit fails here with one line, not with an index error mid-training."""
+    try:
+        part = Partition.load(path)
+    except PartitionFileError as e:
+        problem = f"{e.problem}; expected a partition .npz as save_partition=true writes"
+        raise bad("partition.file", path, problem) from None
+    if part.num_clients != num_clients:
+        raise bad(
+            "partition.file",
+            path,
+            f"it holds {part.num_clients} clients, num_clients={num_clients}",
+        )
+    missing = [r for r in REQUIRED_ROLES if r not in part.clients]
+    missing += [f"server/{s}" for s in REQUIRED_SERVER_SETS if s not in part.server]
+    if missing:
+        raise bad("partition.file", path, f"it lacks the roles {missing} every partition has")
+    n = len(ds.x_train) + len(ds.x_test)  # indices refer to concat(train, test)
+    sets = {
+        f"clients/{r}": np.concatenate([np.zeros(0, np.int64), *v]) for r, v in part.clients.items()
+    }
+    sets.update({f"server/{s}": v for s, v in part.server.items()})
+    for name, idx in sets.items():
+        if len(idx) and (idx.min() < 0 or idx.max() >= n):
+            raise bad(
+                "partition.file",
+                path,
+                f"{name} has indices {idx.min()}..{idx.max()}, outside [0, {n}) (the "
+                f"{len(ds.x_train)} train + {len(ds.x_test)} test examples of {ds.name!r})",
+            )
+    return part
 
 
 def client_views(ds: ArrayDataset, part: Partition):
@@ -199,7 +236,9 @@ def run(exp: Experiment, out_dir: str | Path) -> dict:
     """Train and write the run directory (metrics.jsonl, summary.json, plots, checkpoints)."""
     cfg = exp.cfg
     out = Path(out_dir)
+    check_resume(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
+    write_run_config(cfg, out)
     if cfg.save_partition:
         exp.partition.save(out / "partition.npz")
     (out / "counts.json").write_text(
@@ -221,6 +260,98 @@ def run(exp: Experiment, out_dir: str | Path) -> dict:
         progress=cfg.progress,
         title=f"{cfg.algorithm.name} on {cfg.dataset.name} ({cfg.partition.scheme})",
     )
+
+
+# The settings a run was started with, compared on resume=true (written by every run, the
+# replicas' too, and by runs started from Python; Hydra's .hydra/ is not in out_dir).
+RUN_CONFIG = "run_config.json"
+
+# Keys that may differ between a run and its resumption: they say how far a run goes, when it
+# stops, what it logs and how the work is laid out on the hardware, never what state a round
+# produces. A key covers every key under it ("stop" is stop.*).
+RESULT_NEUTRAL_KEYS = frozenset(
+    {
+        "rounds",  # extending a run is what resume is for
+        "resume",
+        "progress",
+        "out_dir",
+        "checkpoint_every",
+        "save_partition",
+        "objective",  # what the run reports to a sweeper
+        "paper",  # reference numbers for the report
+        # Evaluations read the state and never change it; eval_every only changes which rows
+        # carry accuracies (and so the evaluations a stop rule counts).
+        "eval_every",
+        "eval_initial",
+        "stop",  # stopping rules decide how far to go, like rounds
+        # Chunk sizes, devices, batch sizes and backend give the same numbers to float
+        # tolerance by design (tests/test_equivalence.py).
+        "hardware",
+    }
+)
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _config_json(cfg: Config) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+
+
+def result_neutral(key: str) -> bool:
+    """Whether `key` (dotted) may change when a run is resumed (RESULT_NEUTRAL_KEYS)."""
+    parts = key.split(".")
+    return any(".".join(parts[:i]) in RESULT_NEUTRAL_KEYS for i in range(1, len(parts) + 1))
+
+
+def check_resume(cfg: Config, out: Path) -> None:
+    """resume=true on a run directory started with settings that change results (any key but
+    RESULT_NEUTRAL_KEYS) fails with one line listing those keys, old -> new; nothing is
+    written. Resuming such a run would splice two different experiments into one curve."""
+    path = Path(out) / RUN_CONFIG
+    if not cfg.resume or not path.exists():
+        return
+    try:
+        old = _flat(json.loads(path.read_text()))
+    except (OSError, ValueError) as e:
+        raise bad(
+            "resume",
+            True,
+            f"{path} cannot be read ({type(e).__name__}); delete it to resume without comparing "
+            "settings, or set resume=false",
+        ) from None
+    new = _flat(_config_json(cfg))
+    # Keys only one side has (added or removed by a code update) cannot be compared.
+    changed = [
+        f"{k}: {old[k]!r} -> {new[k]!r}"
+        for k in new
+        if k in old and old[k] != new[k] and not result_neutral(k)
+    ]
+    if changed:
+        raise bad(
+            "resume",
+            True,
+            f"{out} holds a run started with other settings that change results ("
+            + "; ".join(changed)
+            + "); resume it with those (rounds, stop.*, eval_every and hardware.* may change) "
+            "or use a new out_dir",
+        )
+
+
+def write_run_config(cfg: Config, out: Path) -> None:
+    """out/run_config.json: the settings of this run (replaced atomically: a run killed while
+    writing it leaves the old one)."""
+    tmp = out / f"{RUN_CONFIG}.tmp"
+    tmp.write_text(json.dumps(_config_json(cfg), indent=1))
+    tmp.replace(out / RUN_CONFIG)
 
 
 def data_seed(cfg: Config) -> int:

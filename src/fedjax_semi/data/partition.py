@@ -23,6 +23,7 @@ from fedjax_semi.data.sources import ArrayDataset
 
 __all__ = [
     "Partition",
+    "PartitionFileError",
     "apply_client_transforms",
     "build_partition",
     "check_knobs",
@@ -288,6 +289,30 @@ def labeled_split(
 # ----------------------------------------------------------------------------- Partition
 
 
+class PartitionFileError(ValueError):
+    """A partition file that cannot be read or is not a consistent partition."""
+
+    def __init__(self, path: str | Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path, self.problem = path, problem
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def _os_problem(e: OSError) -> str:
+    """What an OSError means for a file the user named, in words."""
+    if isinstance(e, FileNotFoundError):
+        return "no such file"
+    if isinstance(e, IsADirectoryError):
+        return "a directory, not a file"
+    if isinstance(e, PermissionError):
+        return "not readable (permission denied)"
+    return f"cannot be read ({e.strerror or _first_line(e)})"
+
+
 @dataclasses.dataclass(eq=False)
 class Partition:
     """A complete federated partition of one dataset.
@@ -350,25 +375,75 @@ class Partition:
 
     @classmethod
     def load(cls, path: str | Path) -> Partition:
-        """Reads a partition written by :meth:`save`."""
-        with np.load(path, allow_pickle=False) as z:
-            header = json.loads(str(z["header"]))
-            clients = {}
-            for role in header["roles"]:
-                values, offsets = z[f"clients/{role}/values"], z[f"clients/{role}/offsets"]
-                clients[role] = [
-                    values[offsets[k] : offsets[k + 1]].copy() for k in range(len(offsets) - 1)
-                ]
-            server = {name: z[f"server/{name}"] for name in header["server"]}
-            # Files written before assignments existed have no such header key.
-            assignments = {a: z[f"assignments/{a}"] for a in header.get("assignments", [])}
-            return cls(
-                clients=clients,
-                server=server,
-                mu=z["mu"],
-                meta=header["meta"],
-                assignments=assignments,
-            )
+        """Reads a partition written by :meth:`save`.
+
+        Raises :class:`PartitionFileError` saying what is wrong when the path cannot be read or
+        does not hold a consistent partition (truncated, junk, offsets that do not add up), so
+        a bad file ends in one clear line instead of an error from deep inside numpy or zipfile.
+        """
+        try:
+            with open(path, "rb") as f:
+                magic = f.read(4)
+        except OSError as e:
+            raise PartitionFileError(path, _os_problem(e)) from None
+        if not magic:
+            raise PartitionFileError(path, "the file is empty")
+        if magic not in (b"PK\x03\x04", b"PK\x05\x06"):  # np.load would try it as a pickle
+            raise PartitionFileError(path, "not a .npz archive")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                return cls._from_npz(z, path)
+        except PartitionFileError:
+            raise
+        except OSError as e:
+            raise PartitionFileError(path, _os_problem(e)) from None
+        except Exception as e:  # noqa: BLE001 (zipfile, zlib, numpy and json raise many types)
+            problem = f"damaged or truncated .npz archive ({_first_line(e)})"
+            raise PartitionFileError(path, problem) from None
+
+    @classmethod
+    def _from_npz(cls, z: Any, path: str | Path) -> Partition:
+        """The partition in an open .npz, checked for consistency (PartitionFileError)."""
+
+        def field(name: str) -> np.ndarray:
+            if name not in z.files:
+                raise PartitionFileError(path, f"no {name!r} array (not written by Partition.save)")
+            return z[name]
+
+        def indices(name: str) -> np.ndarray:
+            a = field(name)
+            if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
+                raise PartitionFileError(path, f"{name!r} is not a 1-D integer array")
+            return a
+
+        header = json.loads(str(field("header")))
+        if not isinstance(header, dict) or not {"roles", "server", "meta"} <= set(header):
+            raise PartitionFileError(path, "its header lacks roles, server or meta")
+        mu = field("mu")
+        if mu.ndim != 1:
+            raise PartitionFileError(path, f"'mu' has shape {mu.shape}, not [num_clients]")
+        c = len(mu)
+        clients = {}
+        for role in header["roles"]:
+            values = indices(f"clients/{role}/values")
+            offsets = indices(f"clients/{role}/offsets")
+            ok = len(offsets) == c + 1 and offsets[0] == 0 and offsets[-1] == len(values)
+            if not ok or (np.diff(offsets) < 0).any():
+                raise PartitionFileError(
+                    path, f"the offsets of role {role!r} do not split its indices into {c} clients"
+                )
+            clients[role] = [values[offsets[k] : offsets[k + 1]].copy() for k in range(c)]
+        server = {name: indices(f"server/{name}") for name in header["server"]}
+        # Files written before assignments existed have no such header key.
+        assignments = {a: field(f"assignments/{a}") for a in header.get("assignments", [])}
+        for name, a in assignments.items():
+            if a.ndim == 0 or len(a) != c:
+                raise PartitionFileError(
+                    path, f"assignment {name!r} has shape {a.shape}, not [{c}, ...]"
+                )
+        return cls(
+            clients=clients, server=server, mu=mu, meta=header["meta"], assignments=assignments
+        )
 
 
 # ----------------------------------------------------------------------------- build

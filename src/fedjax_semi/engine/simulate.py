@@ -1,6 +1,6 @@
 """The round loop: one compiled round per iteration, metrics, checkpoints, stop rules.
 
-state = runner.init()               (warm-up included), or the latest checkpoint (resume=true)
+state = runner.init()               (warm-up included), or the newest intact checkpoint (resume)
 for r in rounds:
     state, m = runner.round(state)  ONE jitted program (or the reference loop)
     NaN guard; evaluate every eval_every rounds
@@ -334,17 +334,18 @@ def simulate(
         d.mkdir(parents=True, exist_ok=True)
     logs = [MetricsLog(d / "metrics.jsonl") for d in dirs]
     ckpt = Checkpointer(out_dir / "checkpoints")
-    resuming = resume and ckpt.latest() is not None
-    state = runner.template() if resuming else runner.init()
+    # The newest intact checkpoint (a damaged newer one is skipped with a warning).
+    restored = ckpt.restore_latest(runner.template()) if resume else None
     start, rows = 0, [[] for _ in dirs]
-    if resuming:
-        start = int(ckpt.latest())
-        state = ckpt.restore(start, state)
-        rows = [log.truncate(start) for log in logs]
+    if restored is not None:
+        start, state = restored
+        rows = [log.truncate(start) for log in logs]  # rounds after it are redone
     else:
+        state = runner.init()
         for log in logs:
             if log.path.exists():
                 log.path.unlink()  # a fresh run starts a fresh log
+        ckpt.clear()  # and drops the old run's checkpoints: a later resume must not find them
     stoppers = [EarlyStopper(stop) for _ in dirs]
     reasons: list[str | None] = [None] * n
     for r in range(n):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import platform
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +41,14 @@ class MetricsLog:
     def read(self) -> list[dict]:
         if not self.path.exists():
             return []
-        with self.path.open() as f:
-            return [json.loads(line) for line in f if line.strip()]
+        lines = [line for line in self.path.read_text().splitlines(keepends=True) if line.strip()]
+        if lines and not lines[-1].endswith("\n"):
+            # A run killed mid-write leaves a partial last line; its round is redone on resume.
+            try:
+                json.loads(lines[-1])
+            except json.JSONDecodeError:
+                lines.pop()
+        return [json.loads(line) for line in lines]
 
     def truncate(self, last_round: int) -> list[dict]:
         """Keep the lines of rounds <= last_round (a resumed run redoes the rest)."""
@@ -54,8 +63,20 @@ class MetricsLog:
             f.write(json.dumps(jsonable(row)) + "\n")
 
 
+class CheckpointError(ValueError):
+    """resume=true found checkpoints, but none of them can be restored."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint that cannot be restored was skipped for an older one."""
+
+
 class Checkpointer:
-    """Orbax checkpoints of the federated state, keyed by rounds completed."""
+    """Orbax checkpoints of the federated state, keyed by rounds completed.
+
+    Keeps the newest `max_to_keep` (>= 2: when the newest turns out unreadable, the one before
+    it is still there). Temporary directories of a writer that was killed mid-save are ignored
+    by Orbax and removed when the manager opens (`cleanup_tmp_directories`)."""
 
     def __init__(self, directory: Path, max_to_keep: int = 2) -> None:
         import orbax.checkpoint as ocp
@@ -63,14 +84,21 @@ class Checkpointer:
 
         absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every step at INFO
 
+        if max_to_keep < 2:
+            raise ValueError(f"max_to_keep={max_to_keep}: keep >= 2 to fall back on")
         self._ocp = ocp
         self.directory = Path(directory).absolute()
-        self.manager = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(
-                max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False
-            ),
+        self.options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep,
+            create=True,
+            enable_async_checkpointing=False,
+            cleanup_tmp_directories=True,
         )
+        self.manager = self._open()
+
+    def _open(self) -> Any:
+        with _quiet_orbax():  # it logs an ERROR per damaged step it lists
+            return self._ocp.CheckpointManager(self.directory, options=self.options)
 
     def latest(self) -> int | None:
         return self.manager.latest_step()
@@ -93,8 +121,84 @@ class Checkpointer:
         tree = self.manager.restore(step, args=self._ocp.args.StandardRestore(abstract))
         return serialization.from_state_dict(like, tree)
 
+    def restore_latest(self, like: PyTree) -> tuple[int, PyTree] | None:
+        """(step, state) of the newest checkpoint that restores, or None when there is none.
+
+        An unreadable checkpoint (junk bytes, a truncated or missing file) is skipped. Once an
+        older one restores, each skipped one gets a CheckpointWarning and is moved aside to
+        `<step>.corrupt`: the resumed run saves that step again, and it must not count against
+        max_to_keep (Orbax would delete the intact one to make room). When none restores,
+        nothing is moved and CheckpointError names the directory."""
+        errors: dict[int, str] = {}
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                with _quiet_orbax():
+                    state = self.restore(step, like)
+            except Exception as e:  # noqa: BLE001 (orbax, tensorstore and json raise many types)
+                errors[step] = _first_line(e)
+                # A failed restore can leave the manager's handlers set up for the wrong
+                # layout (a step without its item reads as a multi-item checkpoint): reopen.
+                self.manager.close()
+                self.manager = self._open()
+                continue
+            for bad, why in errors.items():
+                moved = self._set_aside(bad)
+                warnings.warn(
+                    f"checkpoint {self.directory / str(bad)} (round {bad}) cannot be restored "
+                    f"({why}); resuming from round {step} instead, the damaged one is moved "
+                    f"to {moved}",
+                    CheckpointWarning,
+                    stacklevel=2,
+                )
+            return step, state
+        if errors:
+            newest = max(errors)
+            raise CheckpointError(
+                f"resume=true: no intact checkpoint in {self.directory}: rounds "
+                f"{sorted(errors)} cannot be restored (round {newest}: {errors[newest]}); "
+                "resume=false starts the run afresh"
+            )
+        return None
+
+    def clear(self) -> None:
+        """Delete every checkpoint (a fresh run replacing an old one in the same directory)."""
+        for step in self.manager.all_steps():
+            self.manager.delete(step)
+
+    def _set_aside(self, step: int) -> Path:
+        """Move an unreadable step directory out of Orbax's sight (kept for inspection)."""
+        src = self.directory / str(step)
+        dst = self.directory / f"{step}.corrupt"
+        n = 1
+        while dst.exists():
+            n += 1
+            dst = self.directory / f"{step}.corrupt{n}"
+        src.rename(dst)
+        with _quiet_orbax():
+            self.manager.reload()
+        return dst
+
     def close(self) -> None:
         self.manager.close()
+
+
+@contextlib.contextmanager
+def _quiet_orbax() -> Iterator[None]:
+    """Orbax's own ERROR lines off while it reads checkpoints that may be damaged: the damage is
+    reported once, as one warning or error line, by Checkpointer.restore_latest."""
+    from absl import logging as absl_logging
+
+    level = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.FATAL)
+    try:
+        yield
+    finally:
+        absl_logging.set_verbosity(level)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def environment() -> dict:
