@@ -62,7 +62,9 @@ def test_bad_input_fails_with_one_clear_message(overrides, needles, tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()  # no work started
 
 
-def test_multirun_sweep_and_report(tmp_path):
+def test_joblib_multirun_sweep_and_report(tmp_path):
+    """Four jobs through Hydra's joblib launcher, two at a time; the report reads its sweep
+    directory like any other."""
     sweep = tmp_path / "sweep"
     r = run_cli(
         "-m",
@@ -70,10 +72,15 @@ def test_multirun_sweep_and_report(tmp_path):
         "rounds=2",
         "algorithm=fedavg,local",
         "seed=0,1",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
         f"hydra.sweep.dir={sweep}",
     )
     assert r.returncode == 0, r.stderr
-    assert len(list(sweep.rglob("summary.json"))) == 4
+    assert "Joblib.Parallel" in r.stdout + r.stderr  # the joblib launcher ran the jobs
+    assert sorted(p.parent.name for p in sweep.rglob("summary.json")) == ["0", "1", "2", "3"]
+    for job in sweep.glob("[0-3]"):  # each job's resolved config says which setting it ran
+        assert (job / ".hydra" / "config.yaml").exists()
     rep = subprocess.run(
         [
             sys.executable,

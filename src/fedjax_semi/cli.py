@@ -6,8 +6,11 @@ fedjax-semi-report DIR           mean +- std over seeds per setting, as Markdown
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 CONF_DIR = Path(os.environ.get("FEDJAX_SEMI_CONF", Path(__file__).resolve().parents[2] / "conf"))
@@ -18,6 +21,24 @@ def _fail(msg: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+@contextlib.contextmanager
+def _one_line_warnings(category: type[Warning]) -> Iterator[None]:
+    """Show warnings of `category` as one `fedjax-semi: warning: ...` line (others as usual)."""
+    default = warnings.showwarning
+
+    def show(message, cat, filename, lineno, file=None, line=None) -> None:
+        if issubclass(cat, category):
+            print(f"fedjax-semi: warning: {message}", file=sys.stderr)
+        else:
+            default(message, cat, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = default
+
+
 def _task(cfg) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
@@ -25,6 +46,7 @@ def _task(cfg) -> float | None:
     from fedjax_semi.config import ConfigError, as_config
     from fedjax_semi.data.sources import DatasetNotFoundError
     from fedjax_semi.engine.simulate import NaNError
+    from fedjax_semi.results.rundir import CheckpointError, CheckpointWarning
 
     try:
         c = as_config(cfg)
@@ -33,7 +55,10 @@ def _task(cfg) -> float | None:
         _fail(str(e))
     out_dir = c.out_dir or HydraConfig.get().runtime.output_dir
     try:
-        summary = experiment.run(exp, out_dir)
+        with _one_line_warnings(CheckpointWarning):
+            summary = experiment.run(exp, out_dir)
+    except (ConfigError, CheckpointError) as e:  # resume=true on changed settings or damage
+        _fail(str(e))
     except NaNError as e:
         _fail(str(e), code=3)
     final = summary["final"]
@@ -44,7 +69,13 @@ def _task(cfg) -> float | None:
         + (f" (mean of seeds {summary['seeds']})" if "seeds" in summary else "")
         + f" ({summary['stop_reason']}); outputs in {out_dir}"
     )
-    return final.get("accuracy")
+    value = (
+        summary.get("best_accuracy") if c.objective == "best_accuracy" else final.get(c.objective)
+    )
+    if value is None:  # a sweeper records the trial as failed, the sweep goes on
+        print(f"fedjax-semi: warning: objective={c.objective!r} was not measured in this run")
+        return float("nan")
+    return float(value)
 
 
 def main() -> None:

@@ -256,8 +256,15 @@ class Config:
     progress: bool = True
     out_dir: str | None = None  # defaults to Hydra's run directory
     save_partition: bool = True
+    # The final metric the run returns to Hydra (what a sweeper such as Optuna optimises).
+    objective: str = "accuracy"
     # Experiment presets may carry the paper's numbers for fedjax-semi-report.
     paper: Any = None
+
+
+# Final metrics a run can return as its objective: the last evaluation's accuracies and loss,
+# and the best accuracy seen (summary.json's `final` and `best_accuracy`).
+OBJECTIVES = ("accuracy", "global_acc", "personal_acc", "pl_acc", "train_loss", "best_accuracy")
 
 
 def register_configs() -> None:
@@ -348,6 +355,8 @@ def validate(cfg: Config) -> None:
         )
     if cfg.rounds < 1:
         raise bad("rounds", cfg.rounds, "an integer >= 1")
+    if cfg.objective not in OBJECTIVES:
+        raise bad("objective", cfg.objective, f"one of {list(OBJECTIVES)}")
     if not (isinstance(cfg.replicas, int) and cfg.replicas >= 1):
         raise bad("replicas", cfg.replicas, "an integer >= 1")
     if cfg.replicas > 1 and h.backend != "jit":
