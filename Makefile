@@ -26,7 +26,7 @@ setup: $(STAMP)
 # Fashion-MNIST: found in $$FEDJAX_SEMI_DATA, the user cache or Debian's dataset-fashion-mnist;
 # otherwise installed with apt where possible, else downloaded where the network allows.
 data: $(STAMP)
-	$(PY) -m fedjax_semi.data.sources ensure fashion_mnist
+	$(PY) -m fedjax_semi.data.fetch ensure fashion_mnist
 
 run: data
 	$(VENV)/bin/fedjax-semi $(ARGS)

@@ -31,7 +31,7 @@ def compose(*overrides: str):
 
 def dataset_or_synthetic(name: str = "fashion_mnist"):
     """The real dataset when it is found, else random data of the same shapes (speed only)."""
-    from fedjax_semi.data.sources import ArrayDataset, DatasetNotFoundError, load_dataset
+    from fedjax_semi.data.registry import ArrayDataset, DatasetNotFoundError, load_dataset
 
     try:
         return load_dataset(name), "real"

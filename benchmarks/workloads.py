@@ -134,7 +134,7 @@ WORKLOADS: dict[str, Workload] = {
 def synthetic_dataset(w: Workload, clients: int | None = None, test: int = 1000, seed: int = 0):
     """Random uint8 images and labels of the workload's shapes: clients x per_client training
     images (an IID split gives each client exactly per_client) and `test` test images."""
-    from fedjax_semi.data.sources import ArrayDataset
+    from fedjax_semi.data.registry import ArrayDataset
 
     n = (clients or w.clients) * w.per_client
     rng = np.random.default_rng(seed)
@@ -157,7 +157,7 @@ def learnable_dataset(w: Workload, clients: int | None = None, seed: int = 0):
     """Real Fashion-MNIST in the workload's input shape, clients x per_client training images
     (drawn without replacement) and the full 10,000-image test set, for accuracy checks.
     Raises DatasetNotFoundError where Fashion-MNIST is not installed."""
-    from fedjax_semi.data.sources import ArrayDataset, load_dataset
+    from fedjax_semi.data.registry import ArrayDataset, load_dataset
 
     if w.num_classes != 10:
         raise ValueError(f"{w.name}: accuracy checks use 10-class Fashion-MNIST")

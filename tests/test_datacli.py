@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from fedjax_semi.data import sources
+from fedjax_semi.data import registry
 from fedjax_semi.data.datacli import main
-from fedjax_semi.data.partition import Partition
+from fedjax_semi.data.partitions import Partition
 
 pytestmark = pytest.mark.usefixtures("isolated_data_env")
 
@@ -20,7 +20,7 @@ def test_list(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines()}
-    assert set(sources.dataset_names()) <= set(lines)
+    assert set(registry.dataset_names()) <= set(lines)
     assert "found" in lines["digits"] and "scikit-learn" in lines["digits"]
     assert "missing" in lines["cifar10"] and "xdg-cache" in lines["cifar10"]
     assert "tfds:NAME" in lines
@@ -41,7 +41,7 @@ def test_check_digits(capsys):
     assert main(["check", "digits"]) == 0
     out = capsys.readouterr().out
     assert "digits: image, 10 classes" in out
-    ds = sources.load_dataset("digits")
+    ds = registry.load_dataset("digits")
     n, m = len(ds.y_train), len(ds.y_test)
     assert f"train: x uint8 [{n}, 8, 8, 1], y int32 [{n}]" in out
     assert f"test: x uint8 [{m}, 8, 8, 1]" in out
@@ -79,7 +79,7 @@ def test_describe_digits(tmp_path, capsys):
     total = next(line for line in out.splitlines() if line.split()[:1] == ["total"]).split()
     counts = part.counts()
     assert [int(v) for v in total[1:4]] == [int(counts[r].sum()) for r in part.clients]
-    n_train = len(sources.load_dataset("digits").y_train)
+    n_train = len(registry.load_dataset("digits").y_train)
     assert int(np.sum(counts["labeled"] + counts["unlabeled"])) == n_train
 
 

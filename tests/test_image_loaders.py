@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedjax_semi.data import sources
-from fedjax_semi.data.sources import FILE_SPECS, DatasetNotFoundError, load_dataset
+from fedjax_semi.data import registry
+from fedjax_semi.data.registry import FILE_SPECS, DatasetNotFoundError, load_dataset
 
 pytestmark = pytest.mark.usefixtures("isolated_data_env")
 
@@ -139,7 +139,7 @@ def test_cifar10_found_through_env_var_subfolder(tmp_path, monkeypatch):
     write_cifar10(tmp_path / "root" / "cifar-10-batches-py", n=2)
     monkeypatch.setenv("FEDJAX_SEMI_DATA", str(tmp_path / "root"))
     assert load_dataset("cifar10").x_train.shape[0] == 10
-    assert sources.locate("cifar10") == str(tmp_path / "root" / "cifar-10-batches-py")
+    assert registry.locate("cifar10") == str(tmp_path / "root" / "cifar-10-batches-py")
 
 
 def test_cifar100_fine_and_coarse(tmp_path):
@@ -319,8 +319,8 @@ def test_corrupt_cifar_batch(tmp_path):
 
 
 def test_tfds_name_validation():
-    assert sources.is_known_dataset("tfds:mnist")
-    assert not sources.is_known_dataset("tfds:") and not sources.is_known_dataset("nope")
+    assert registry.is_known_dataset("tfds:mnist")
+    assert not registry.is_known_dataset("tfds:") and not registry.is_known_dataset("nope")
     with pytest.raises(ValueError, match="tfds:NAME"):
         load_dataset("nope")
 

@@ -1,4 +1,4 @@
-"""Property tests for fedjax_semi.data.partition."""
+"""Property tests for fedjax_semi.data.partitions."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedjax_semi.data.partition import (
+from fedjax_semi.data.partitions import (
     POOLED_FRACTIONS,
     Partition,
     apply_client_transforms,
@@ -22,7 +22,7 @@ from fedjax_semi.data.partition import (
     shard_partition,
     split_by_proportions,
 )
-from fedjax_semi.data.sources import ArrayDataset, load_dataset
+from fedjax_semi.data.registry import ArrayDataset, load_dataset
 
 DEFAULTS = dict(
     num_clients=10,
@@ -488,7 +488,7 @@ def test_paper_defaults_match_config():
     from dataclasses import fields
 
     from fedjax_semi.config import PartitionConfig
-    from fedjax_semi.data.partition import PAPER_DEFAULTS
+    from fedjax_semi.data.partitions import PAPER_DEFAULTS
 
     cfg = {f.name: f.default for f in fields(PartitionConfig) if f.name != "file"}
     for key, value in PAPER_DEFAULTS.items():

@@ -1,4 +1,5 @@
-"""Tests for fedjax_semi.data.sources: IDX I/O, lookup, loaders and error messages."""
+"""Tests for fedjax_semi.data.{registry,lookup,formats,fetch}: IDX I/O, lookup, loaders and
+error messages."""
 
 from __future__ import annotations
 
@@ -8,16 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedjax_semi.data import sources
-from fedjax_semi.data.sources import (
+from fedjax_semi.data import fetch, registry
+from fedjax_semi.data.formats import read_idx, write_idx
+from fedjax_semi.data.registry import (
     DATASETS,
     ArrayDataset,
     DatasetNotFoundError,
     dataset_names,
     load_dataset,
-    read_idx,
     search_dirs,
-    write_idx,
 )
 
 FILES = [
@@ -163,14 +163,14 @@ def test_registry():
 
 
 def test_locate(tmp_path):
-    assert sources.locate("digits") == "bundled with scikit-learn"
+    assert registry.locate("digits") == "bundled with scikit-learn"
     _write_fixture(tmp_path / "d" / "mnist", gz=True)
-    assert sources.locate("mnist", str(tmp_path / "d")) == str(tmp_path / "d" / "mnist")
+    assert registry.locate("mnist", str(tmp_path / "d")) == str(tmp_path / "d" / "mnist")
     with pytest.raises(DatasetNotFoundError) as info:
-        sources.locate("mnist")
+        registry.locate("mnist")
     assert info.value.looked_in == tuple(search_dirs("mnist"))
     with pytest.raises(ValueError, match="dataset.name"):
-        sources.locate("nope")
+        registry.locate("nope")
 
 
 def test_unknown_dataset_data_dir_message_has_no_mnist_hint(tmp_path):
@@ -191,7 +191,7 @@ def test_digits():
     frac = np.bincount(ds.y_test) / (np.bincount(ds.y_test) + np.bincount(ds.y_train))
     assert np.all(np.abs(frac - 0.2) < 0.02)
     # Deterministic across reloads (fresh cache).
-    sources.clear_cache()
+    registry.clear_cache()
     again = load_dataset("digits")
     assert again is not ds
     np.testing.assert_array_equal(again.y_test, ds.y_test)
@@ -200,10 +200,10 @@ def test_digits():
 
 
 def test_ensure_reports_missing(tmp_path, capsys):
-    assert sources.ensure("mnist") == 1
+    assert fetch.ensure("mnist") == 1
     err = capsys.readouterr().err
     assert "mnist" in err and "train-images-idx3-ubyte" in err
-    assert sources.ensure("digits") == 0
+    assert fetch.ensure("digits") == 0
 
 
 @pytest.mark.skipif(
@@ -221,7 +221,7 @@ def test_real_fashion_mnist():
 
 
 def test_subsample_keeps_a_share_of_every_class():
-    from fedjax_semi.data.sources import load_dataset, subsample
+    from fedjax_semi.data.registry import load_dataset, subsample
 
     ds = load_dataset("digits")
     small = subsample(ds, 0.25, seed=3)

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_semi.data.sources import DatasetNotFoundError
+from fedjax_semi.data.registry import DatasetNotFoundError
 from fedjax_semi.data.tabular import load_adult
 from fedjax_semi.models.zoo import make_model
 

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import compose_config
 from fedjax_semi import experiment
-from fedjax_semi.data.sources import DatasetNotFoundError
+from fedjax_semi.data.registry import DatasetNotFoundError
 from fedjax_semi.data.text import (
     PAD,
     UNK,

@@ -30,21 +30,21 @@ def _fail(msg: str, code: int = 2) -> int:
 
 def cmd_list() -> int:
     """Prints one line per registered dataset: found (where) or missing (where it looked)."""
-    from fedjax_semi.data import sources
+    from fedjax_semi.data import registry
 
-    width = max(len(n) for n in sources.dataset_names())
-    for name in sources.dataset_names():
+    width = max(len(n) for n in registry.dataset_names())
+    for name in registry.dataset_names():
         try:
-            where = sources.locate(name)
+            where = registry.locate(name)
             print(f"{name:<{width}}  found    {where}")
-        except sources.DatasetNotFoundError as e:
+        except registry.DatasetNotFoundError as e:
             looked = ", ".join(str(d) for d in e.looked_in) or str(e).splitlines()[0]
             print(f"{name:<{width}}  missing  looked in: {looked}")
         except ValueError as e:  # e.g. a malformed file: report it, keep listing
             print(f"{name:<{width}}  error    {str(e).splitlines()[0]}")
     has_tfds = importlib.util.find_spec("tensorflow_datasets") is not None
     state = "installed" if has_tfds else "not installed: pip install 'fedjax-semi[tfds]'"
-    pattern = f"{sources.TFDS_PREFIX}NAME"
+    pattern = f"{registry.TFDS_PREFIX}NAME"
     print(
         f"{pattern:<{width}}  pattern  any dataset prepared by tensorflow-datasets in "
         f"array_record format (tensorflow-datasets {state})"
@@ -65,11 +65,11 @@ def _split_summary(label: str, x: np.ndarray, y: np.ndarray, num_classes: int) -
 
 def cmd_check(name: str, data_dir: str | None) -> int:
     """Loads ``name`` and prints shapes, dtypes, class counts and channel statistics."""
-    from fedjax_semi.data import sources
+    from fedjax_semi.data import registry
 
     try:
-        ds = sources.load_dataset(name, data_dir)
-    except sources.DatasetNotFoundError as e:
+        ds = registry.load_dataset(name, data_dir)
+    except registry.DatasetNotFoundError as e:
         return _fail(str(e), code=1)
     except ValueError as e:
         return _fail(str(e))
@@ -115,7 +115,7 @@ def partition_table(part: Any, labels: np.ndarray) -> str:
     classes in its training data), then total/min/median/max rows.
 
     Args:
-      part: a :class:`~fedjax_semi.data.partition.Partition`.
+      part: a :class:`~fedjax_semi.data.partitions.Partition`.
       labels: ``int [N]`` labels of ``concat(train, test)`` (what partition indices index).
     """
     roles = list(part.clients)
@@ -197,7 +197,7 @@ def cmd_describe(overrides: list[str], out: Path) -> int:
     from omegaconf.errors import OmegaConfBaseException
 
     from fedjax_semi import experiment
-    from fedjax_semi.data.sources import DatasetNotFoundError, load_dataset
+    from fedjax_semi.data.registry import DatasetNotFoundError, load_dataset
 
     try:
         cfg = _compose(overrides)

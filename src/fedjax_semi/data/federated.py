@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from fedjax_semi.data.partition import Partition
+from fedjax_semi.data.partitions import Partition
 
 # Roles whose labels training code may read. Everything else is hidden from training.
 LABELED_ROLES = ("labeled", "target_labeled", "server_val", "public_labeled")

@@ -1,8 +1,8 @@
 """Readers for the official on-disk formats of image datasets, into plain numpy arrays.
 
 Pure format readers: each takes file paths and returns arrays, with no lookup, caching or
-registry logic (that lives in :mod:`fedjax_semi.data.sources`). Images are returned as
-``uint8 [N, H, W, C]`` and labels as ``int32 [N]``.
+registry logic (that lives in :mod:`.lookup`, :mod:`.image_loaders` and :mod:`.registry`).
+Images are returned as ``uint8 [N, H, W, C]`` and labels as ``int32 [N]``.
 
 Formats:
   * CIFAR-10/100 "python version": pickled dicts with bytes keys, ``b"data"`` ``uint8

@@ -1,6 +1,6 @@
 """Tabular data sources: UCI Adult (census income) as standardized float features.
 
-:func:`load_adult` returns an :class:`~fedjax_semi.data.sources.ArrayDataset` with
+:func:`load_adult` returns an :class:`~fedjax_semi.data.dataset.ArrayDataset` with
 ``kind="features"``: ``x float32 [N, D]`` (numeric columns standardized with training
 statistics, categorical columns one-hot with categories from the training split) and
 labels ``int32 [N]`` (``>50K`` = 1). No jax here, like the rest of the data layer.
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_semi.data.sources import ENV_VAR, ArrayDataset, DatasetNotFoundError, search_dirs
+from fedjax_semi.data.dataset import ArrayDataset, DatasetNotFoundError
+from fedjax_semi.data.lookup import ENV_VAR, search_dirs
 
 __all__ = ["ADULT_COLUMNS", "ADULT_NUMERIC", "load_adult"]
 

@@ -1,11 +1,11 @@
 """Text classification data sources: DBPedia-14, AG News and IMDB as padded token ids.
 
-Every loader returns an :class:`~fedjax_semi.data.sources.ArrayDataset` with
+Every loader returns an :class:`~fedjax_semi.data.dataset.ArrayDataset` with
 ``kind="tokens"``: ``x int32 [N, seq_len]`` (id 0 = padding, 1 = unknown word) and labels
 ``int32 [N]``. The vocabulary is built from the training split only, so the test split
 never leaks into it. No jax here, like the rest of the data layer.
 
-Datasets are looked up on disk (see :func:`~fedjax_semi.data.sources.search_dirs`), never
+Datasets are looked up on disk (see :func:`~fedjax_semi.data.lookup.search_dirs`), never
 downloaded.
 """
 
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_semi.data.sources import ENV_VAR, ArrayDataset, DatasetNotFoundError, search_dirs
+from fedjax_semi.data.dataset import ArrayDataset, DatasetNotFoundError
+from fedjax_semi.data.lookup import ENV_VAR, search_dirs
 
 __all__ = [
     "PAD",

@@ -1,0 +1,263 @@
+"""The image datasets' loaders: find the files, read them with :mod:`.images` or the IDX
+codec, check them and return a read-only :class:`~fedjax_semi.data.dataset.ArrayDataset`.
+
+Images are ``uint8 [N, H, W, C]`` (grayscale images get ``C = 1``) and labels ``int32 [N]``.
+No jax here: the data layer stays importable and testable without an accelerator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedjax_semi.data import images
+from fedjax_semi.data.dataset import ArrayDataset, DatasetNotFoundError
+from fedjax_semi.data.formats import read_idx
+from fedjax_semi.data.lookup import IDX_FILES, locate_files, locate_idx
+
+__all__ = [
+    "TFDS_PREFIX",
+    "load_cifar10",
+    "load_cifar100",
+    "load_digits",
+    "load_fashion_mnist",
+    "load_femnist",
+    "load_mnist",
+    "load_stl10",
+    "load_svhn",
+    "load_tfds",
+]
+
+# load_dataset("tfds:NAME") reads a dataset prepared by tensorflow-datasets.
+TFDS_PREFIX = "tfds:"
+
+
+def _channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Exact per-channel mean/std of ``x / 255`` for uint8 ``x [N, H, W, C]``.
+
+    Uses a 256-bin histogram per channel: exact and avoids a float copy of the images.
+    """
+    values = np.arange(256, dtype=np.float64) / 255.0
+    means, stds = [], []
+    for c in range(x.shape[-1]):
+        hist = np.bincount(x[..., c].ravel(), minlength=256).astype(np.float64)
+        total = hist.sum()
+        mean = float(hist @ values / total) if total else 0.0
+        var = float(hist @ (values - mean) ** 2 / total) if total else 0.0
+        means.append(mean)
+        stds.append(var**0.5)
+    return tuple(means), tuple(stds)
+
+
+def _make(
+    name: str,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    num_classes: int,
+    extra: dict[str, Any] | None = None,
+) -> ArrayDataset:
+    for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
+        if x.ndim != 4 or x.dtype != np.uint8:
+            raise ValueError(f"{name}/{split}: images must be uint8 [N,H,W,C], got {x.shape}")
+        if len(x) != len(y):
+            raise ValueError(f"{name}/{split}: {len(x)} images but {len(y)} labels")
+        if len(y) and (y.min() < 0 or y.max() >= num_classes):
+            raise ValueError(f"{name}/{split}: labels outside [0, {num_classes})")
+    mean, std = _channel_stats(x_train)
+    arrays = [np.ascontiguousarray(a) for a in (x_train, y_train, x_test, y_test)]
+    extra = dict(extra or {})
+    for a in [*arrays, *(v for v in extra.values() if isinstance(v, np.ndarray))]:
+        if a.flags.writeable:
+            a.setflags(write=False)  # shared through the in-process cache
+    return ArrayDataset(name, *arrays, num_classes=num_classes, mean=mean, std=std, extra=extra)
+
+
+def _load_idx_dataset(name: str, data_dir: str | None) -> ArrayDataset:
+    files = locate_idx(name, data_dir)
+    parts: dict[str, np.ndarray] = {}
+    for split, (img, lab) in IDX_FILES.items():
+        x = read_idx(files[img])
+        if x.ndim == 3:  # IDX stores grayscale as [N, H, W]
+            x = x[..., None]
+        parts[f"x_{split}"] = x.astype(np.uint8, copy=False)
+        parts[f"y_{split}"] = read_idx(files[lab]).astype(np.int32).reshape(-1)
+    return _make(name, num_classes=10, **parts)
+
+
+def load_fashion_mnist(data_dir: str | None = None) -> ArrayDataset:
+    """Fashion-MNIST: 60000/10000 images ``uint8 [N, 28, 28, 1]``, 10 classes."""
+    return _load_idx_dataset("fashion_mnist", data_dir)
+
+
+def load_mnist(data_dir: str | None = None) -> ArrayDataset:
+    """MNIST: 60000/10000 images ``uint8 [N, 28, 28, 1]``, 10 classes."""
+    return _load_idx_dataset("mnist", data_dir)
+
+
+def load_digits(data_dir: str | None = None) -> ArrayDataset:
+    """scikit-learn's bundled 8x8 digits (1797 images), a tiny real dataset for tests.
+
+    Pixel values 0..16 are scaled to uint8 with ``round(v * 255 / 16)``; shape
+    ``[N, 8, 8, 1]``. The split is a stratified 80/20 split with a fixed seed, so it never
+    changes. ``data_dir`` is accepted for a uniform signature and ignored (bundled data).
+    """
+    del data_dir
+    from sklearn.datasets import load_digits as sk_load_digits  # heavy import, only here
+
+    bunch = sk_load_digits()
+    x = np.round(bunch.images.astype(np.float64) * 255.0 / 16.0).astype(np.uint8)[..., None]
+    y = bunch.target.astype(np.int32)
+    rng = np.random.default_rng(0)
+    test_mask = np.zeros(len(y), dtype=bool)
+    for c in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        test_mask[idx[: int(round(0.2 * len(idx)))]] = True
+    return _make("digits", x[~test_mask], y[~test_mask], x[test_mask], y[test_mask], 10)
+
+
+def load_cifar10(data_dir: str | None = None) -> ArrayDataset:
+    """CIFAR-10 from the official python batches: 50000/10000 ``uint8 [N, 32, 32, 3]``,
+    10 classes (files ``data_batch_1..5``, ``test_batch``)."""
+    d = locate_files("cifar10", data_dir)
+    xs, ys = [], []
+    for i in range(1, 6):
+        x, labels = images.read_cifar_batch(d / f"data_batch_{i}")
+        xs.append(x)
+        ys.append(labels["labels"])
+    x_test, labels = images.read_cifar_batch(d / "test_batch")
+    return _make("cifar10", np.concatenate(xs), np.concatenate(ys), x_test, labels["labels"], 10)
+
+
+def load_cifar100(data_dir: str | None = None) -> ArrayDataset:
+    """CIFAR-100 from the official python files ``train``/``test``: 50000/10000 images
+    ``uint8 [N, 32, 32, 3]``; ``y`` = the 100 fine labels.
+
+    ``extra["y_train_coarse"]``, ``extra["y_test_coarse"]``: ``int32 [N]`` superclass
+    (0..19) of each sample, e.g. to build CoFED-style tasks.
+    """
+    d = locate_files("cifar100", data_dir)
+    x_train, train = images.read_cifar_batch(d / "train")
+    x_test, test = images.read_cifar_batch(d / "test")
+    for split, labels in (("train", train), ("test", test)):
+        if "fine_labels" not in labels or "coarse_labels" not in labels:
+            raise ValueError(f"{d / split}: CIFAR-100 needs fine_labels and coarse_labels")
+    extra = {"y_train_coarse": train["coarse_labels"], "y_test_coarse": test["coarse_labels"]}
+    return _make("cifar100", x_train, train["fine_labels"], x_test, test["fine_labels"], 100, extra)
+
+
+def load_svhn(data_dir: str | None = None, include_extra: bool = True) -> ArrayDataset:
+    """SVHN cropped digits (format 2): 73257/26032 images ``uint8 [N, 32, 32, 3]``,
+    10 classes, label 10 of the files mapped to digit 0.
+
+    When ``extra_32x32.mat`` sits beside the other files and ``include_extra``, its 531131
+    samples go to ``extra["x_extra"]`` / ``extra["y_extra"]`` (not in the train split).
+    """
+    d = locate_files("svhn", data_dir)
+    x_train, y_train = images.read_svhn_mat(d / "train_32x32.mat")
+    x_test, y_test = images.read_svhn_mat(d / "test_32x32.mat")
+    extra: dict[str, np.ndarray] = {}
+    if include_extra and (d / "extra_32x32.mat").is_file():
+        extra["x_extra"], extra["y_extra"] = images.read_svhn_mat(d / "extra_32x32.mat")
+    return _make("svhn", x_train, y_train, x_test, y_test, 10, extra)
+
+
+def load_stl10(data_dir: str | None = None, unlabeled: bool = True) -> ArrayDataset:
+    """STL-10 (binary version): 5000/8000 images ``uint8 [N, 96, 96, 3]``, 10 classes
+    (labels 1..10 of the files mapped to 0..9).
+
+    When ``unlabeled_X.bin`` is present and ``unlabeled``, ``extra["x_unlabeled"]`` holds the
+    100000 unlabeled images ``uint8 [U, 96, 96, 3]`` as a read-only memory map (2.7 GB).
+    """
+    d = locate_files("stl10", data_dir)
+    x_train = images.read_stl10_images(d / "train_X.bin")
+    y_train = images.read_stl10_labels(d / "train_y.bin")
+    x_test = images.read_stl10_images(d / "test_X.bin")
+    y_test = images.read_stl10_labels(d / "test_y.bin")
+    extra: dict[str, np.ndarray] = {}
+    if unlabeled and (d / "unlabeled_X.bin").is_file():
+        extra["x_unlabeled"] = images.read_stl10_images(d / "unlabeled_X.bin", mmap=True)
+    return _make("stl10", x_train, y_train, x_test, y_test, 10, extra)
+
+
+def load_femnist(data_dir: str | None = None) -> ArrayDataset:
+    """FEMNIST in LEAF's json format (``train/*.json``, ``test/*.json``): images
+    ``uint8 [N, 28, 28, 1]`` (``round(x * 255)``; LEAF draws ink dark on a white 1.0
+    background), 62 classes (10 digits, 26 upper, 26 lower case letters).
+
+    Writers are the natural clients: ``extra["writers"]`` is the ``str [W]`` array of LEAF
+    user ids (train users first, in file order), and ``extra["writer_train"]``,
+    ``extra["writer_test"]`` the ``int32 [N]`` index into it of each sample's writer.
+    """
+    d = locate_files("femnist", data_dir)
+    x_train, y_train, users_train = images.read_leaf_dir(d / "train")
+    x_test, y_test, users_test = images.read_leaf_dir(d / "test")
+    index: dict[str, int] = {}
+    for user in [*users_train, *users_test]:
+        index.setdefault(user, len(index))
+    extra = {
+        "writers": np.array(list(index), dtype=str),
+        "writer_train": np.array([index[u] for u in users_train], dtype=np.int32),
+        "writer_test": np.array([index[u] for u in users_test], dtype=np.int32),
+    }
+    return _make("femnist", x_train, y_train, x_test, y_test, 62, extra)
+
+
+def _tfds_hint(data_dir: str | None) -> str:
+    where = f"data_dir={data_dir!r}" if data_dir else "TFDS's default data dir"
+    return (
+        f"Prepare it in array_record format in {where} on a machine with network, e.g. "
+        "`tfds build NAME --file_format=array_record` (or builder.download_and_prepare("
+        "file_format='array_record')), then copy the NAME/ folder here. "
+        "fedjax-semi never downloads."
+    )
+
+
+def load_tfds(tfds_name: str, data_dir: str | None = None) -> ArrayDataset:
+    """A dataset already prepared by tensorflow-datasets in ``array_record`` format.
+
+    Reads splits ``train``/``test`` with features ``image`` (uint8 ``[H, W, C]`` or
+    ``[H, W]``) and ``label`` (ClassLabel) through ``tfds.data_source`` (no TensorFlow,
+    ``download=False``). ``data_dir`` is the TFDS data directory (default: TFDS's own,
+    ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``). The result is named ``tfds:NAME``.
+
+    Raises:
+      DatasetNotFoundError: tensorflow-datasets is missing, or the dataset is not prepared
+        (or not readable) in ``data_dir``.
+    """
+    name = TFDS_PREFIX + tfds_name
+    if data_dir:
+        root = Path(data_dir).expanduser()
+        if not root.is_dir():
+            raise DatasetNotFoundError(
+                f"dataset.data_dir={str(root)!r} does not exist or is not a directory "
+                f"(dataset {name!r}).\n{_tfds_hint(data_dir)}"
+            )
+        data_dir = str(root)
+        # TFDS keeps NAME[/CONFIG]/VERSION/ under data_dir; checking NAME first gives a clear
+        # message and keeps TFDS from creating empty variant folders there.
+        folder = root / tfds_name.split(":")[0].split("/")[0]
+        if not folder.is_dir():
+            err = DatasetNotFoundError(
+                f"dataset {name!r} not found: no folder {folder} (a prepared TFDS dataset).\n"
+                f"{_tfds_hint(data_dir)}"
+            )
+            err.looked_in = (folder,)
+            raise err
+    try:
+        arrays, num_classes = images.read_tfds(tfds_name, data_dir)
+    except ImportError as e:
+        raise DatasetNotFoundError(
+            f"dataset {name!r} needs tensorflow-datasets ({e}); install it with "
+            "`pip install 'fedjax-semi[tfds]'`."
+        ) from e
+    except Exception as e:  # TFDS raises many types for "not prepared"
+        raise DatasetNotFoundError(
+            f"dataset {name!r} could not be read by tfds.data_source "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}).\n"
+            f"{_tfds_hint(data_dir)}"
+        ) from e
+    return _make(name, num_classes=num_classes, **arrays)

@@ -1,0 +1,170 @@
+"""CoFED's ``cofed`` scheme: participants own overlapping task subsets and hold disjoint
+private samples of them (the CIFAR-100 setup of paper §5.2).
+
+A uniform random ``public_fraction`` of the train split is the server's unlabeled
+``"public"`` set (the paper's cross-dataset public sets, e.g. CIFAR-10 for CIFAR-100 tasks,
+need a second dataset and are not built here). Tasks are CIFAR-100 superclasses when
+``ds.extra["y_train_coarse"]`` exists, else the classes. Each participant owns
+``U{cofed_min_classes..cofed_max_classes}`` tasks (redrawn until every participant shares a
+task with another and the samples suffice) and gets ``samples_per_class`` private
+``"labeled"`` samples per task, without replacement across participants: IID evenly over the
+task's subclasses, non-IID from ``U{1..cofed_max_subclasses}`` of them (fine tasks have no
+subclasses: non-IID skews the counts over the owned classes by ``Dir(alpha)`` instead).
+``"test"``: every test sample of an owned task (shared across participants, as in the
+paper). ``"unlabeled"`` is empty. Assignments: ``label_space`` bool [C, tasks],
+``label_map`` int [C, Q] (fine -> task label).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fedjax_semi.data.dataset import ArrayDataset
+from fedjax_semi.data.partitions.common import (
+    _STAGE_GROUPS,
+    _STAGE_PARTITION,
+    _STAGE_PUBLIC,
+    SchemeInput,
+    SchemeOutput,
+    _check,
+    _even_split,
+    _require_no_val,
+    _require_official_split,
+    _sorted_i64,
+)
+
+__all__ = ["build"]
+
+
+def _task_map(ds: ArrayDataset) -> tuple[np.ndarray, str]:
+    """``int64 [num_classes]`` fine class -> task class, and the task source.
+
+    ``"coarse"`` when ``ds.extra["y_train_coarse"]`` exists (CIFAR-100 superclasses), else
+    ``"fine"`` (every class is its own task).
+    """
+    coarse = (ds.extra or {}).get("y_train_coarse")
+    if coarse is None:
+        return np.arange(ds.num_classes, dtype=np.int64), "fine"
+    coarse = np.asarray(coarse, dtype=np.int64)
+    y = np.asarray(ds.y_train, dtype=np.int64)
+    fmap = np.full(ds.num_classes, -1, dtype=np.int64)
+    fmap[y] = coarse
+    if len(coarse) != len(y) or (fmap[y] != coarse).any() or (fmap < 0).any():
+        raise ValueError(
+            f"{ds.name}: extra['y_train_coarse'] must give every fine class one coarse class"
+        )
+    return fmap, "coarse"
+
+
+def _cofed_partition(
+    ds: ArrayDataset, num_clients: int, alpha: float, k: dict[str, Any], stage: Any
+) -> tuple[dict, dict, np.ndarray, dict, dict]:
+    """CoFED; see the module docstring."""
+    q = ds.num_classes
+    n_train, n_test = len(ds.y_train), len(ds.y_test)
+    y_tr, y_te = np.asarray(ds.y_train, np.int64), np.asarray(ds.y_test, np.int64)
+    fmap, source = _task_map(ds)
+    n_tasks = int(fmap.max()) + 1
+    subs = [np.flatnonzero(fmap == t) for t in range(n_tasks)]
+    lo, hi = k["cofed_min_classes"], min(k["cofed_max_classes"], n_tasks)
+    _check(
+        lo <= n_tasks,
+        "partition.cofed_min_classes",
+        lo,
+        f"must be <= {n_tasks} ({source} classes of {ds.name})",
+    )
+    spc, variant = k["samples_per_class"], k["cofed_variant"]
+
+    # Public set first: a uniform random held-out part of the train split.
+    rng_pub = stage(_STAGE_PUBLIC)
+    n_pub = int(round(k["public_fraction"] * n_train))
+    public = _sorted_i64(rng_pub.choice(n_train, n_pub, replace=False))
+    private = np.ones(n_train, dtype=bool)
+    private[public] = False
+    pools = [rng_pub.permutation(np.flatnonzero(private & (y_tr == f))) for f in range(q)]
+    cap = np.array([len(p) for p in pools], dtype=np.int64)
+
+    rng_groups, rng = stage(_STAGE_GROUPS), stage(_STAGE_PARTITION)
+
+    def fill(spaces: np.ndarray) -> list[list[np.ndarray]] | None:
+        """Samples every participant's private set without replacement; None if a class
+        runs out (the caller redraws the label spaces)."""
+        used = np.zeros(q, dtype=np.int64)
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        quota = None
+        if variant == "noniid" and source == "fine":
+            # No subclasses to restrict to: skew the per-class counts over Y_i instead.
+            quota = np.zeros((num_clients, n_tasks), dtype=np.int64)
+            for i in range(num_clients):
+                own = np.flatnonzero(spaces[i])
+                p = rng.dirichlet(np.full(len(own), alpha)) * spc * len(own)
+                base = np.floor(p).astype(np.int64)
+                rest = spc * len(own) - base.sum()
+                base[np.argsort(base - p, kind="stable")[:rest]] += 1
+                quota[i, own] = base
+        pairs = np.argwhere(spaces)
+        for i, t in pairs[rng.permutation(len(pairs))]:
+            sub = subs[t]
+            if quota is not None:
+                chosen, counts = sub, np.array([quota[i, t]])
+            elif variant == "iid":  # "evenly" across the subclasses (10 from each of 5)
+                chosen, counts = sub, _even_split(spc, rng.permutation(len(sub)))
+            else:  # 1..max subclasses, equal shares, among those with room left
+                s = int(rng.integers(1, min(k["cofed_max_subclasses"], len(sub)) + 1))
+                counts = _even_split(spc, np.arange(s))
+                room = sub[cap[sub] - used[sub] >= counts[0]]
+                if len(room) < s:
+                    return None
+                chosen = rng.choice(room, s, replace=False)
+            if (cap[chosen] - used[chosen] < counts).any():
+                return None
+            for f, c in zip(chosen, counts, strict=True):
+                parts[i].append(pools[f][used[f] : used[f] + c])
+                used[f] += c
+        return parts
+
+    for _ in range(1000):
+        sizes = rng_groups.integers(lo, hi + 1, size=num_clients)
+        spaces = np.zeros((num_clients, n_tasks), dtype=bool)
+        for i, s in enumerate(sizes):
+            spaces[i, rng_groups.choice(n_tasks, int(s), replace=False)] = True
+        owners = spaces.sum(axis=0)
+        # Paper Eq. 2: every participant shares a class with at least one other.
+        if num_clients >= 2 and not all((owners[spaces[i]] >= 2).any() for i in range(len(spaces))):
+            continue
+        parts = fill(spaces)
+        if parts is not None:
+            break
+    else:
+        raise ValueError(
+            f"partition.samples_per_class={spc!r} is invalid; no label-space draw fits the "
+            f"{int(cap.sum())} private training samples of {ds.name} in 1000 tries (lower it, "
+            "partition.cofed_max_classes or partition.public_fraction, or use fewer clients)"
+        )
+    labeled = [_sorted_i64(np.concatenate(p)) if p else np.empty(0, np.int64) for p in parts]
+    test_tasks = fmap[y_te]
+    test = [n_train + np.flatnonzero(spaces[i][test_tasks]) for i in range(num_clients)]
+    roles = {
+        "labeled": labeled,
+        "unlabeled": [np.empty(0, np.int64) for _ in range(num_clients)],
+        "test": [a.astype(np.int64) for a in test],
+    }
+    server = {
+        "public": public,
+        "test_global": np.arange(n_train, n_train + n_test, dtype=np.int64),
+    }
+    assignments = {
+        "label_space": spaces,
+        "label_map": np.tile(fmap, (num_clients, 1)),
+    }
+    meta = {"num_tasks": n_tasks, "task_source": source}
+    return roles, server, np.ones(num_clients), assignments, meta
+
+
+def build(inp: SchemeInput) -> SchemeOutput:
+    """``cofed`` (official split, no val); see the module docstring."""
+    _require_official_split(inp)
+    _require_no_val(inp)
+    return _cofed_partition(inp.ds, inp.num_clients, inp.alpha, inp.knobs, inp.stage)
