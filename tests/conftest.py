@@ -2,11 +2,45 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 from hydra import compose, initialize_config_dir
 
 from fedjax_semi.cli import CONF_DIR
 from fedjax_semi.config import Config, as_config, register_configs
+
+# XLA's persistent compilation cache, shared by every process of one test session (the xdist
+# workers and the CLI subprocesses inherit the variables): many tests compile the very same
+# round (same algorithm, same shapes), and XLA:CPU compiles dominate the suite's time. A fresh
+# directory per session, so no result depends on a cache left by an earlier run; a user may
+# point JAX_COMPILATION_CACHE_DIR elsewhere to keep one.
+CACHE_VARS = {
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}
+_OWN_CACHE: list[str] = []
+
+
+def pytest_configure(config) -> None:
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the controller, before workers start
+        _OWN_CACHE.append(tempfile.mkdtemp(prefix="fedjax-semi-xla-cache-"))
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE[0]
+    for k, v in CACHE_VARS.items():
+        os.environ.setdefault(k, v)
+    import jax  # already imported by now in some processes: set the options directly too
+
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config) -> None:
+    for d in _OWN_CACHE:
+        shutil.rmtree(d, ignore_errors=True)
+
 
 # A run on digits that compiles and trains in seconds.
 SMALL = [
@@ -41,10 +75,10 @@ def compose_config(*overrides: str, small: bool = True) -> Config:
 @pytest.fixture
 def isolated_data_env(monkeypatch, tmp_path):
     """Keep the user's real data and cache out of dataset lookups; start with a cold cache."""
-    from fedjax_semi.data import sources
+    from fedjax_semi.data import registry
 
     monkeypatch.delenv("FEDJAX_SEMI_DATA", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-    sources.clear_cache()
+    registry.clear_cache()
     yield
-    sources.clear_cache()
+    registry.clear_cache()

@@ -171,7 +171,7 @@ def test_paper_partitions_run_end_to_end(partition, tmp_path):
 def test_cross_dataset_server_pool(tmp_path):
     """Ada-FedSemi's cross-dataset variant: a second dataset (here MNIST in IDX files, resized
     from 28x28 to digits' 8x8) replaces the server's unlabeled pool; its labels stay unknown."""
-    from fedjax_semi.data.sources import write_idx
+    from fedjax_semi.data.formats import write_idx
 
     rng = np.random.default_rng(0)
     for split, n in (("train", 30), ("t10k", 10)):

@@ -44,8 +44,8 @@ def _task(cfg) -> float | None:
 
     from fedjax_semi import experiment
     from fedjax_semi.config import ConfigError, as_config
-    from fedjax_semi.data.sources import DatasetNotFoundError
-    from fedjax_semi.engine.simulate import NaNError
+    from fedjax_semi.data.registry import DatasetNotFoundError
+    from fedjax_semi.engine.loop import NaNError
     from fedjax_semi.results.rundir import CheckpointError, CheckpointWarning
 
     try:

@@ -254,6 +254,10 @@ class Config:
     checkpoint_every: int = 5
     resume: bool = False
     progress: bool = True
+    # Metric writers, each writing into every run directory (results/writers.py): jsonl
+    # (metrics.jsonl; always on: resume and fedjax-semi-report read it), tensorboard
+    # (tensorboard/), mlflow (mlruns/, MLflow's local SQLite store; needs the mlflow package).
+    writers: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
     out_dir: str | None = None  # defaults to Hydra's run directory
     save_partition: bool = True
     # The final metric the run returns to Hydra (what a sweeper such as Optuna optimises).
@@ -265,6 +269,26 @@ class Config:
 # Final metrics a run can return as its objective: the last evaluation's accuracies and loss,
 # and the best accuracy seen (summary.json's `final` and `best_accuracy`).
 OBJECTIVES = ("accuracy", "global_acc", "personal_acc", "pl_acc", "train_loss", "best_accuracy")
+
+
+# The metric writers `writers` may name (results/writers.py `WRITERS`).
+WRITERS = ("jsonl", "tensorboard", "mlflow")
+
+
+def check_writers(writers: Any) -> None:
+    """The `writers` checks of `validate`: known names, each once, jsonl among them, and mlflow
+    only where it is installed."""
+    import importlib.util
+
+    names = list(writers) if isinstance(writers, list | tuple) else writers
+    if not isinstance(names, list) or any(w not in WRITERS for w in names):
+        raise bad("writers", names, f"a list of names from {list(WRITERS)}")
+    if len(set(names)) != len(names):
+        raise bad("writers", names, "a list naming each writer once")
+    if "jsonl" not in names:
+        raise bad("writers", names, "a list with 'jsonl' (resume and fedjax-semi-report read it)")
+    if "mlflow" in names and importlib.util.find_spec("mlflow") is None:
+        raise bad("writers", names, "'mlflow' needs the mlflow package: pip install mlflow")
 
 
 def register_configs() -> None:
@@ -308,7 +332,7 @@ def parse_chunk(key: str, value: Any, auto: bool = False) -> int | str:
 
 def check_partition(p: PartitionConfig) -> None:
     """The `partition.*` checks of `validate` (those that need no dataset)."""
-    from fedjax_semi.data.partition import PAPER_DEFAULTS, SCHEMES, check_knobs
+    from fedjax_semi.data.partitions import PAPER_DEFAULTS, SCHEMES, check_knobs
 
     if p.scheme not in SCHEMES:
         raise bad("partition.scheme", p.scheme, f"one of {list(SCHEMES)}")
@@ -333,7 +357,7 @@ def check_partition(p: PartitionConfig) -> None:
 def validate(cfg: Config) -> None:
     """Check every value a run needs before any data is loaded."""
     from fedjax_semi.algorithms import algorithm_names
-    from fedjax_semi.data.sources import dataset_names, is_known_dataset
+    from fedjax_semi.data.registry import dataset_names, is_known_dataset
     from fedjax_semi.models.zoo import model_names
 
     a, p, h = cfg.algorithm, cfg.partition, cfg.hardware
@@ -357,6 +381,7 @@ def validate(cfg: Config) -> None:
         raise bad("rounds", cfg.rounds, "an integer >= 1")
     if cfg.objective not in OBJECTIVES:
         raise bad("objective", cfg.objective, f"one of {list(OBJECTIVES)}")
+    check_writers(cfg.writers)
     if not (isinstance(cfg.replicas, int) and cfg.replicas >= 1):
         raise bad("replicas", cfg.replicas, "an integer >= 1")
     if cfg.replicas > 1 and h.backend != "jit":

@@ -11,13 +11,13 @@ import numpy as np
 from fedjax_semi.algorithms import Algorithm, make_algorithm
 from fedjax_semi.config import Config, bad, parse_chunk, validate
 from fedjax_semi.data.federated import FederatedData, build_federated
-from fedjax_semi.data.partition import (
+from fedjax_semi.data.partitions import (
     Partition,
     PartitionFileError,
     apply_client_transforms,
     build_partition,
 )
-from fedjax_semi.data.sources import ArrayDataset, load_dataset, subsample
+from fedjax_semi.data.registry import ArrayDataset, load_dataset, subsample
 from fedjax_semi.engine.simulate import Runner, simulate
 from fedjax_semi.models.zoo import Model, make_model
 
@@ -233,7 +233,8 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
 
 
 def run(exp: Experiment, out_dir: str | Path) -> dict:
-    """Train and write the run directory (metrics.jsonl, summary.json, plots, checkpoints)."""
+    """Train and write the run directory (metrics.jsonl and the other writers' files,
+    summary.json, plots, checkpoints)."""
     cfg = exp.cfg
     out = Path(out_dir)
     check_resume(cfg, out)
@@ -259,6 +260,7 @@ def run(exp: Experiment, out_dir: str | Path) -> dict:
         stop=cfg.stop,
         progress=cfg.progress,
         title=f"{cfg.algorithm.name} on {cfg.dataset.name} ({cfg.partition.scheme})",
+        writers=cfg.writers,
     )
 
 
@@ -274,6 +276,7 @@ RESULT_NEUTRAL_KEYS = frozenset(
         "rounds",  # extending a run is what resume is for
         "resume",
         "progress",
+        "writers",  # where the metrics are written, not what they are
         "out_dir",
         "checkpoint_every",
         "save_partition",

@@ -1,0 +1,398 @@
+"""The run loop, in the shape of flax's `train_and_evaluate`, and the hooks that do the rest.
+
+    restore the newest intact checkpoint, or init (warm-up included)
+    for each round: state, m = runner.round(state); evaluate when due; make the rows; call hooks
+
+Everything else a run does is a `Hook`: the metric writers (results/writers.py: metrics.jsonl,
+TensorBoard, MLflow), the NaN guard, the stop rules, the checkpointer, the progress bar and the
+summaries. `engine.simulate.simulate` puts them together from the settings.
+
+With replicas (`runner.seeds`) the state and the metrics carry a leading replica axis and one
+compiled round advances every seed; each replica has its own run directory, rows, stop rule and
+stop reason (index r in the lists of `Run`), and a stopped replica's state is held while the
+others go on (`runner.keep`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import jax
+import numpy as np
+
+from fedjax_semi.config import StopConfig
+from fedjax_semi.results.rundir import Checkpointer, jsonable
+
+if TYPE_CHECKING:
+    from fedjax_semi.algorithms.base import FLState
+    from fedjax_semi.data.federated import FederatedData
+
+Rows = dict[int, dict]  # replica index -> its new row (only the replicas that ran the round)
+
+
+class Runner(Protocol):
+    """What the loop asks of a runner (engine.simulate.Runner)."""
+
+    seeds: tuple[int, ...] | None
+
+    def template(self) -> FLState: ...  # the structure a checkpoint restores into
+    def init(self) -> FLState: ...  # the initial state, after any warm-up
+    def round(self, state: FLState) -> tuple[FLState, dict]: ...
+    def evaluate(self, state: FLState) -> dict: ...
+    def keep(self, new: FLState, old: FLState, active: Sequence[bool]) -> FLState: ...
+
+
+class NaNError(RuntimeError):
+    """A client produced a non-finite loss or model; the last good state is checkpointed."""
+
+
+@dataclass
+class Run:
+    """What the loop and its hooks share. Per-replica lists have one entry without replicas."""
+
+    dirs: list[Path]  # each replica's run directory (seed_<s>/, or the run's own)
+    seeds: tuple[int, ...] | None  # the replicas' seeds, None for a single run
+    rounds: int  # the last round to train
+    state: Any = None  # FLState, with a leading replica axis when there are replicas
+    start: int = 0  # rounds done before this call (those of the restored checkpoint)
+    resumed: bool = False  # whether the state came from a checkpoint
+    rows: list[list[dict]] = field(default_factory=list)  # each replica's rows so far
+    reasons: list[str | None] = field(default_factory=list)  # why it stopped; None: running
+    last_eval: list[dict] = field(default_factory=list)  # each replica's latest evaluation
+    eval_keys: set[str] = field(default_factory=set)  # row keys that come from an evaluation
+    t0: float = field(default_factory=time.perf_counter)  # when the first round started
+
+    def __post_init__(self) -> None:
+        n = len(self.dirs)
+        self.rows = self.rows or [[] for _ in range(n)]
+        self.reasons = self.reasons or [None] * n
+        self.last_eval = self.last_eval or [{} for _ in range(n)]
+
+    @property
+    def active(self) -> list[bool]:
+        return [reason is None for reason in self.reasons]
+
+    def label(self, r: int) -> str:
+        """'' for a single run, 'seed <s>: ' for replica r (prefixes messages)."""
+        return "" if self.seeds is None else f"seed {self.seeds[r]}: "
+
+
+class Hook:
+    """Something the loop calls at fixed points, in the order of the hooks list; every method is
+    optional (these do nothing).
+
+    start(run)              once, after restore-or-init (run.state, run.start, run.resumed set)
+    check(run, rnd, m)      round rnd's metrics (host arrays) before its state is kept: raise to
+                            end the run with run.state still the state before the round
+    write(run, rnd, rows)   every new row, the evaluation before round 1 (rnd=0) included
+    round(run, rnd, rows)   after each trained round, once write has seen its rows
+    end(run, error)         always, last; error is what ended the loop early (None: it did not)
+    """
+
+    def start(self, run: Run) -> None:
+        pass
+
+    def check(self, run: Run, rnd: int, metrics: dict) -> None:
+        pass
+
+    def write(self, run: Run, rnd: int, rows: Rows) -> None:
+        pass
+
+    def round(self, run: Run, rnd: int, rows: Rows) -> None:
+        pass
+
+    def end(self, run: Run, error: BaseException | None) -> None:
+        pass
+
+
+def train_and_evaluate(
+    runner: Runner,
+    fed: FederatedData,
+    run: Run,
+    hooks: Sequence[Hook],
+    *,
+    restore: Callable[[FLState], tuple[int, FLState] | None] | None = None,
+    eval_every: int = 1,
+    eval_initial: bool = False,
+) -> Run:
+    """Train rounds run.start+1 .. run.rounds (fewer once every replica has stopped), evaluating
+    every `eval_every` rounds and after the last; `restore(template)` gives (round, state) of
+    the checkpoint to resume from, or None to start afresh."""
+    restored = restore(runner.template()) if restore else None
+    run.resumed = restored is not None
+    run.start, run.state = restored if restored is not None else (0, runner.init())
+    for h in hooks:
+        h.start(run)
+    error = None
+    try:
+        if eval_initial and run.start == 0:  # round 0: the state before any round (after warm-up)
+            ev = jax.device_get(runner.evaluate(run.state))
+            _record(run, hooks, 0, {r: initial_row(run, ev, r) for r in range(len(run.dirs))})
+        run.t0 = time.perf_counter()
+        for rnd in range(run.start + 1, run.rounds + 1):
+            active = run.active
+            if not any(active):
+                break
+            t0 = time.perf_counter()
+            new_state, m = runner.round(run.state)
+            m = jax.device_get(m)
+            for h in hooks:
+                h.check(run, rnd, m)
+            run.state = new_state if all(active) else runner.keep(new_state, run.state, active)
+            due = rnd % eval_every == 0 or rnd == run.rounds
+            ev = jax.device_get(runner.evaluate(run.state)) if due else None
+            wall = time.perf_counter() - t0
+            rows = {r: round_row(run, fed, rnd, m, ev, wall, r) for r in _where(active)}
+            _record(run, hooks, rnd, rows)
+            for h in hooks:
+                h.round(run, rnd, rows)
+    except BaseException as e:
+        error = e
+        if isinstance(e, KeyboardInterrupt):
+            done = rounds_done(run.state)
+            run.reasons = [x or f"interrupted after round {done}" for x in run.reasons]
+        raise
+    finally:
+        for h in hooks:
+            h.end(run, error)
+    return run
+
+
+def _where(flags: Sequence[bool]) -> list[int]:
+    return [i for i, f in enumerate(flags) if f]
+
+
+def _record(run: Run, hooks: Sequence[Hook], rnd: int, rows: Rows) -> None:
+    """Add the rows to run.rows and hand them to the hooks' `write` (the metric writers)."""
+    for r, row in rows.items():
+        run.rows[r].append(row)
+    for h in hooks:
+        h.write(run, rnd, rows)
+
+
+def rounds_done(state: FLState) -> int:
+    """Rounds completed (the most over the replicas: a stopped replica's state stays behind)."""
+    return int(np.max(np.asarray(state.round)))
+
+
+# ---------------------------------------------------------------------------------- rows
+
+
+def _pick(run: Run, tree, r: int):
+    """Replica r of every leaf (host arrays); the tree itself for a single run."""
+    return tree if run.seeds is None else jax.tree.map(lambda a: np.asarray(a)[r], tree)
+
+
+def _scalars(m: dict) -> dict:
+    return {k: v for k, v in m.items() if np.ndim(v) == 0}
+
+
+def initial_row(run: Run, ev: dict, r: int) -> dict:
+    """Replica r's row of round 0 (eval_initial): its clock and evaluation before any round."""
+    row = {"round": 0, "sim_time": float(_pick(run, run.state.sim_time, r))}
+    scores = _scalars(_pick(run, ev, r))
+    run.eval_keys.update(scores)
+    row.update(scores)
+    return jsonable(row)
+
+
+def round_row(run: Run, fed: FederatedData, rnd: int, m: dict, ev, wall: float, r: int) -> dict:
+    """Replica r's row of round rnd: the round's scalar metrics, its cohort, the pseudo-label
+    accuracies, the clock, the evaluation when there was one (`ev`), and the host time."""
+    mr = _pick(run, m, r)
+    row = {"round": rnd}
+    row.update(_scalars({k: v for k, v in mr.items() if k != "client_finite"}))
+    row["cohort"] = np.asarray(mr["cohort"]).tolist()  # for per-client diagnostics
+    for name, score in PSEUDO_LABEL_SCORES.items():
+        if name in mr:
+            row[score] = pseudo_label_accuracy(mr["pl_index"], mr[name], fed.eval_y)
+    row["sim_time"] = float(_pick(run, run.state.sim_time, r))
+    if ev is not None:
+        run.last_eval[r] = _pick(run, ev, r)
+        scores = _scalars(run.last_eval[r])
+        acc = np.asarray(run.last_eval[r]["client_acc"])
+        scores["client_acc_p10"], scores["client_acc_p90"] = np.percentile(acc, [10, 90])
+        run.eval_keys.update(scores)
+        row.update(scores)
+    row["wall_time"] = wall
+    return jsonable(row)
+
+
+# Labels an algorithm reports for its unlabeled rows (beside pl_index) -> the metric they are
+# scored into. pl_label: the pseudo-labels trained on; pl_self_label: the client's own model's
+# prediction; pl_helper_label [S, M, N]: every helper's, scored as "some helper was right".
+PSEUDO_LABEL_SCORES = {
+    "pl_label": "pl_acc",
+    "pl_self_label": "pl_self_acc",
+    "pl_helper_label": "pl_any_helper_acc",
+}
+
+
+def pseudo_label_accuracy(index, label, eval_y) -> float | None:
+    """Share of pseudo-labels that equal the hidden true labels (a diagnostic only: it runs on
+    the host after the round, and training never sees eval_y). index [S, N]; label [S, N], or
+    [S, M, N] where a row is right when any of its M labels is; label -1 marks padding."""
+    label = np.asarray(label)
+    truth = np.asarray(eval_y)[np.asarray(index)]
+    if label.ndim == truth.ndim + 1:
+        hit, valid = (label == truth[:, None]).any(1), (label >= 0).any(1)
+    else:
+        hit, valid = label == truth, label >= 0
+    if not valid.any():
+        return None
+    return float(np.mean(hit[valid]))
+
+
+# --------------------------------------------------------------------------------- hooks
+
+
+class NaNGuard(Hook):
+    """Ends the run (NaNError, naming the round and the clients) when a client of a running
+    replica reports a non-finite loss or model (`client_finite`); the checkpointer then keeps
+    the state before that round, in `checkpoint_dir`."""
+
+    def __init__(self, checkpoint_dir: Path) -> None:
+        self.checkpoint_dir = checkpoint_dir
+
+    def check(self, run: Run, rnd: int, metrics: dict) -> None:
+        n, active = len(run.dirs), np.asarray(run.active)
+        bad = ~np.asarray(metrics["client_finite"]).reshape(n, -1) & active[:, None]
+        if not bad.any():
+            return
+        cohort = np.asarray(metrics["cohort"]).reshape(n, -1)
+        where = [
+            run.label(r) + f"clients {cohort[r][bad[r]].tolist()}" for r in range(n) if bad[r].any()
+        ]
+        reason = f"non-finite loss or model in round {rnd}, " + "; ".join(where)
+        run.reasons = [reason if a else x for a, x in zip(active, run.reasons, strict=True)]
+        raise NaNError(
+            f"{reason}; the state after round {rnd - 1} is checkpointed in {self.checkpoint_dir}"
+        )
+
+
+@dataclass
+class EarlyStopper:
+    """Stops on a target value, after `patience` evaluations without improvement, on the FA
+    plateau rule (`plateau`: |m_r - m_{r-1}| below it for `patience` evaluations in a row), or
+    once the simulated clock reaches `sim_time`. `literal_round` is where the paper's literal FA
+    rule (one plateaued evaluation, no minimum) would have stopped."""
+
+    cfg: StopConfig
+    best: float = -np.inf
+    best_round: int = 0
+    since_best: int = 0
+    plateaued: int = 0
+    literal_round: int | None = None
+    last: float | None = None
+    history: list = field(default_factory=list)
+
+    def update(self, rnd: int, value: float | None, sim_time: float | None = None) -> str | None:
+        c = self.cfg
+        if c.sim_time is not None and sim_time is not None and sim_time >= c.sim_time:
+            return f"simulated clock {sim_time:.1f} s >= stop.sim_time={c.sim_time}"
+        if value is None:
+            return None
+        if value > self.best:
+            self.best, self.best_round, self.since_best = value, rnd, 0
+        else:
+            self.since_best += 1
+        flat = c.plateau is not None and self.last is not None
+        flat = flat and abs(value - self.last) < c.plateau
+        self.plateaued = self.plateaued + 1 if flat else 0
+        if flat and self.literal_round is None:
+            self.literal_round = rnd
+        self.last = value
+        if c.target is not None and value >= c.target:
+            return f"target {c.metric} >= {c.target} reached"
+        if c.patience and rnd >= c.min_rounds:
+            if c.plateau is not None and self.plateaued >= c.patience:
+                return f"{c.metric} changed by < {c.plateau} in {c.patience} evaluations in a row"
+            if c.plateau is None and self.since_best >= c.patience:
+                return f"no improvement of {c.metric} in {c.patience} evaluations"
+        return None
+
+
+class StopRules(Hook):
+    """One EarlyStopper per replica: sets run.reasons[r] when replica r's rule fires. A resumed
+    run replays the rows it kept (so it must come after the JSON-lines writer, which reads them
+    back)."""
+
+    def __init__(self, cfg: StopConfig) -> None:
+        self.cfg = cfg
+        self.stoppers: list[EarlyStopper] = []
+
+    def _update(self, r: int, row: dict) -> str | None:
+        return self.stoppers[r].update(row["round"], row.get(self.cfg.metric), row.get("sim_time"))
+
+    def start(self, run: Run) -> None:
+        self.stoppers = [EarlyStopper(self.cfg) for _ in run.dirs]
+        for r, rows in enumerate(run.rows):
+            for row in rows:
+                run.reasons[r] = run.reasons[r] or self._update(r, row)
+
+    def round(self, run: Run, rnd: int, rows: Rows) -> None:
+        for r, row in rows.items():
+            run.reasons[r] = self._update(r, row)
+
+
+class Checkpoints(Hook):
+    """Orbax checkpoints of the state (all replicas in one) in `directory`: every `every` rounds,
+    after the last round and when a replica stops; the last good state when the loop ends on
+    NaNError or KeyboardInterrupt. A fresh run first deletes an old run's checkpoints (a later
+    resume must not find them). `restore` is the loop's restore: the newest intact checkpoint,
+    a damaged newer one being moved aside (`Checkpointer.restore_latest`)."""
+
+    def __init__(self, directory: Path, every: int) -> None:
+        self.ckpt = Checkpointer(directory)
+        self.directory, self.every = self.ckpt.directory, every
+
+    def restore(self, like: FLState) -> tuple[int, FLState] | None:
+        return self.ckpt.restore_latest(like)
+
+    def start(self, run: Run) -> None:
+        if not run.resumed:
+            self.ckpt.clear()
+
+    def round(self, run: Run, rnd: int, rows: Rows) -> None:
+        stopped = any(run.reasons[r] for r in rows)
+        if rnd % self.every == 0 or rnd == run.rounds or stopped:
+            self.ckpt.save(rnd, run.state)
+
+    def end(self, run: Run, error: BaseException | None) -> None:
+        if isinstance(error, NaNError | KeyboardInterrupt):
+            self.ckpt.save(rounds_done(run.state), run.state)  # to resume from or inspect
+        self.ckpt.close()
+
+
+class Progress(Hook):
+    """A tqdm bar over the rounds, showing the mean accuracy and training loss of the round's
+    rows."""
+
+    def __init__(self, desc: str, enabled: bool = True) -> None:
+        self.desc, self.enabled, self.bar = desc, enabled, None
+
+    def start(self, run: Run) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(
+            total=run.rounds,
+            initial=run.start,
+            desc=self.desc,
+            unit="round",
+            disable=not self.enabled,
+        )
+
+    def round(self, run: Run, rnd: int, rows: Rows) -> None:
+        shown = {}
+        for k in ("accuracy", "train_loss"):
+            vals = [row[k] for row in rows.values() if row.get(k) is not None]
+            if vals:
+                shown[k] = f"{np.mean(vals):.4f}"
+        self.bar.set_postfix(shown)
+        self.bar.update(1)
+
+    def end(self, run: Run, error: BaseException | None) -> None:
+        self.bar.close()
