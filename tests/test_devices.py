@@ -41,7 +41,8 @@ SCRIPT = textwrap.dedent(
             cfg = compose_config(f"algorithm={{alg}}", "hardware.chunk=all",
                                  f"hardware.devices={{devices}}")
             runner = experiment.build(cfg).runner()
-            hlo = runner._round.lower(runner.init(), runner.data, ()).compile().as_text()
+            args = (runner._keys, runner.init(), runner.data, ())
+            hlo = runner._round.lower(*args).compile().as_text()
             ops = re.findall(r"\\s(all-gather|all-reduce|all-to-all|collective-permute|"
                              r"reduce-scatter)(?:-start)?\\(", hlo)
             out[f"{{alg}}_{{devices}}"] = Counter(ops)

@@ -61,6 +61,13 @@ class Runner:
         self._warmup_fn = getattr(alg, "warmup", None)
         self.chunk, self.autotune = chunk, None
         self._keep = jax.jit(keep_replicas)
+        # The seed key(s) enter every compiled program as an argument, never as a constant: one
+        # program then serves every seed (and XLA's compilation cache finds it again).
+        self._keys = (
+            alg.seed_key
+            if self.seeds is None
+            else jnp.stack([jax.random.PRNGKey(s) for s in self.seeds])
+        )
         if backend == "jit":
             emap = functools.partial(map_clients, chunk=eval_chunk)
             self._place = client_sharding(devices) if devices > 1 else (lambda tree: tree)
@@ -83,9 +90,9 @@ class Runner:
                 cohort, inputs, shared = prepare(state, data)
                 return finish(state, cohort, loop(update_for(flags), inputs, shared))
 
-            self._round = round_fn
-            self._eval = lambda s, f: alg.evaluate(s, f, loop)
-            self._warmup = warmup and (lambda s, d: warmup(s, d, loop))
+            self._round = lambda keys, s, d, flags: round_fn(s, d, flags)
+            self._eval = lambda keys, s, f: alg.evaluate(s, f, loop)
+            self._warmup = warmup and (lambda keys, s, d: warmup(s, d, loop))
         else:
             raise ValueError(f"hardware.backend={backend!r} is not allowed: 'jit' or 'reference'")
 
@@ -101,20 +108,26 @@ class Runner:
 
         warmup = self._warmup_fn
         return (
-            jax.jit(self._replicated(round_fn), static_argnums=2),
+            jax.jit(self._replicated(round_fn), static_argnums=3),
             warmup and jax.jit(self._replicated(lambda s, d: warmup(s, d, cmap))),
         )
 
     def _replicated(self, fn: Callable) -> Callable:
-        """fn(state, *args) for one run -> the same over a leading replica axis of states, run r
-        drawing its randomness from seed r (`algorithms.base.seeded`). The replicas share the
-        data and the static arguments, and are mapped like clients (`map_clients`):
-        replica_chunk="all" is one vmap (GPU), 1 a loop inside the program (CPU)."""
+        """fn(state, *args) for one run -> fn(keys, state, *args), drawing its randomness from
+        `keys` (`algorithms.base.seeded`): one key, or with replicas a leading replica axis of
+        keys and states, run r drawing from seed r. The replicas share the data and the static
+        arguments, and are mapped like clients (`map_clients`): replica_chunk="all" is one vmap
+        (GPU), 1 a loop inside the program (CPU)."""
+        alg = self.alg
         if self.seeds is None:
-            return fn
-        alg, keys = self.alg, jnp.stack([jax.random.PRNGKey(s) for s in self.seeds])
 
-        def replicated(states, *args):
+            def keyed(key, state, *args):
+                with seeded(alg, key=key):
+                    return fn(state, *args)
+
+            return keyed
+
+        def replicated(keys, states, *args):
             def one(key_state):
                 key, state = key_state
                 with seeded(alg, key=key):
@@ -141,9 +154,9 @@ class Runner:
             programs[chunk] = self._programs(chunk)
             fn = programs[chunk][0]
             try:
-                jax.block_until_ready(fn(state, self.data, flags))  # compile
+                jax.block_until_ready(fn(self._keys, state, self.data, flags))  # compile
                 t0 = time.perf_counter()
-                jax.block_until_ready(fn(state, self.data, flags))
+                jax.block_until_ready(fn(self._keys, state, self.data, flags))
                 timings[str(chunk)] = time.perf_counter() - t0
             except Exception as e:  # noqa: BLE001 (XLA reports OOM as a runtime error)
                 if "RESOURCE_EXHAUSTED" not in str(e):
@@ -174,15 +187,15 @@ class Runner:
         state = self.template()
         if self.chunk == "auto":
             self._tune(state)
-        return self._warmup(state, self.data) if self._warmup else state
+        return self._warmup(self._keys, state, self.data) if self._warmup else state
 
     def round(self, state: FLState) -> tuple[FLState, dict]:
         if self.chunk == "auto":  # resumed from a checkpoint: init() was not called
             self._tune(state)
-        return self._round(state, self.data, self._flags(rounds_done(state) + 1))
+        return self._round(self._keys, state, self.data, self._flags(rounds_done(state) + 1))
 
     def evaluate(self, state: FLState) -> dict:
-        return self._eval(state, self.fed)
+        return self._eval(self._keys, state, self.fed)
 
     def keep(self, new: FLState, old: FLState, active: Sequence[bool]) -> FLState:
         """Replica r's new state where active[r], its old one where it has stopped."""
