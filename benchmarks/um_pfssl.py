@@ -23,7 +23,8 @@ import numpy as np
 
 from common import RESULTS, compose, dataset_or_synthetic, emit, environment, runner_for
 from fedjax_semi import experiment
-from fedjax_semi.engine.clients import MC_STATS, map_clients
+from fedjax_semi.engine.clients import map_clients
+from fedjax_semi.engine.keys import MC_STATS
 
 
 def timed(fn, repeats):

@@ -12,12 +12,11 @@ import pytest
 
 from fedjax_semi.engine.clients import (
     PERMUTATION_MAX_CLIENTS,
-    SELECT,
     floyd_draws,
     floyd_sample,
-    round_key,
     select_cohort,
 )
+from fedjax_semi.engine.keys import SELECT, round_key
 
 
 def numpy_floyd(draws: np.ndarray, n: int) -> list[int]:

@@ -21,7 +21,7 @@ from fedjax_semi.algorithms import fedbe as fb
 from fedjax_semi.algorithms import fedfomo as ff
 from fedjax_semi.config import ConfigError
 from fedjax_semi.data.federated import RoleTable
-from fedjax_semi.engine.clients import client_key, round_key
+from fedjax_semi.engine.keys import client_key, round_key
 from fedjax_semi.engine.simulate import pseudo_label_accuracy
 from fedjax_semi.engine.train import local_train
 from fedjax_semi.kernels import similarity as sim
@@ -492,7 +492,7 @@ def test_clock_and_training_data(runs, name):
     FedFomo t_infer((M + 1) |D_lab|)) and m / r_i for each participant, r_i ~ U[2, 10] MB/s from
     DoFed-SPP's upload stream (the same rate for client i in round t under every method).
     Local trains all N clients every round and uploads nothing."""
-    from fedjax_semi.algorithms.dofed_spp import UPLOAD
+    from fedjax_semi.engine.keys import UPLOAD
 
     exp, _, states, rows, _ = runs(name)
     m = exp.alg.model_mb

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedjax_semi.data.federated import RoleTable
-from fedjax_semi.engine import aggregate, clients, train
+from fedjax_semi.engine import aggregate, clients, keys, train
 
 
 def np_softmax(z):
@@ -188,12 +188,10 @@ def test_local_training_matches_manual_sgd():
 def test_client_keys_do_not_depend_on_chunk_position():
     seed = jax.random.PRNGKey(0)
     ids = jnp.arange(6)
-    direct = jax.vmap(lambda c: clients.client_key(seed, clients.SAMPLE, 3, c))(ids)
-    chunked = clients.map_clients(
-        lambda c: clients.client_key(seed, clients.SAMPLE, 3, c), ids, chunk=4
-    )
+    direct = jax.vmap(lambda c: keys.client_key(seed, keys.SAMPLE, 3, c))(ids)
+    chunked = clients.map_clients(lambda c: keys.client_key(seed, keys.SAMPLE, 3, c), ids, chunk=4)
     np.testing.assert_array_equal(direct, chunked)
-    one = clients.client_key(seed, clients.SAMPLE, 3, 5)
+    one = keys.client_key(seed, keys.SAMPLE, 3, 5)
     np.testing.assert_array_equal(direct[5], one)
 
 

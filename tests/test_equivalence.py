@@ -95,7 +95,7 @@ def test_fedavg_communication_cost_ac14():
 
 def test_fedavg_with_one_client_is_centralized_sgd_ac19():
     """K = 1 with full participation: the round is exactly SGD on the pooled training data."""
-    from fedjax_semi.engine.clients import DROPOUT, SAMPLE, client_key
+    from fedjax_semi.engine.keys import DROPOUT, SAMPLE, client_key
     from fedjax_semi.engine.train import local_train
 
     exp = experiment.build(

@@ -356,13 +356,13 @@ def check_partition(p: PartitionConfig) -> None:
 
 def validate(cfg: Config) -> None:
     """Check every value a run needs before any data is loaded."""
-    from fedjax_semi.algorithms import algorithm_names
     from fedjax_semi.data.registry import dataset_names, is_known_dataset
     from fedjax_semi.models.zoo import model_names
+    from fedjax_semi.names import ALGORITHM_NAMES
 
     a, p, h = cfg.algorithm, cfg.partition, cfg.hardware
-    if a.name not in algorithm_names():
-        raise bad("algorithm.name", a.name, f"one of {algorithm_names()}")
+    if a.name not in ALGORITHM_NAMES:
+        raise bad("algorithm.name", a.name, f"one of {sorted(ALGORITHM_NAMES)}")
     if not is_known_dataset(cfg.dataset.name):
         raise bad("dataset.name", cfg.dataset.name, f"one of {dataset_names()} or tfds:NAME")
     if not 0 < cfg.dataset.fraction <= 1:

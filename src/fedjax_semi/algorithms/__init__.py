@@ -15,5 +15,12 @@ from fedjax_semi.algorithms.base import (
     algorithm_names,
     make_algorithm,
 )
+from fedjax_semi.names import ALGORITHM_NAMES
+
+if sorted(ALGORITHMS) != sorted(ALGORITHM_NAMES):  # config validates against ALGORITHM_NAMES
+    raise RuntimeError(
+        f"fedjax_semi.names.ALGORITHM_NAMES {sorted(ALGORITHM_NAMES)} must list exactly the "
+        f"registered algorithms {sorted(ALGORITHMS)}"
+    )
 
 __all__ = ["ALGORITHMS", "Algorithm", "FLState", "algorithm_names", "make_algorithm"]

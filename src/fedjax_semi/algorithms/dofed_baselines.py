@@ -29,9 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_semi.algorithms.dofed_spp import (  # noqa: F401 (re-exported for the baselines)
-    CHANNEL,
     DOFED_ROLES,
-    UPLOAD,
     Roles,
     check_clock_config,
     client_evaluator,
@@ -40,7 +38,7 @@ from fedjax_semi.algorithms.dofed_spp import (  # noqa: F401 (re-exported for th
 )
 from fedjax_semi.config import AlgorithmConfig, ConfigError, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable
-from fedjax_semi.engine.clients import round_key
+from fedjax_semi.engine.keys import CHANNEL, UPLOAD, round_key
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
 

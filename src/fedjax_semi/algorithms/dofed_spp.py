@@ -45,7 +45,20 @@ from fedjax_semi.algorithms.base import (
 )
 from fedjax_semi.config import AlgorithmConfig, ConfigError, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
-from fedjax_semi.engine.clients import INIT, broadcast, client_key, gather, round_key
+from fedjax_semi.engine.clients import broadcast, gather
+from fedjax_semi.engine.keys import (
+    CHANNEL,
+    INIT,
+    REC_DROPOUT,
+    REC_SAMPLE,
+    TAR_DROPOUT,
+    TAR_SAMPLE,
+    UPLOAD,
+    WARM_DROPOUT,
+    WARM_SAMPLE,
+    client_key,
+    round_key,
+)
 from fedjax_semi.engine.train import (
     LocalObjective,
     Schedule,
@@ -58,10 +71,6 @@ from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
 
 PyTree = Any
-
-# Random streams of DoFed-SPP, numbered after engine.clients' purposes (0-12).
-WARM_SAMPLE, WARM_DROPOUT, REC_SAMPLE, REC_DROPOUT, TAR_SAMPLE, TAR_DROPOUT = range(20, 26)
-UPLOAD, CHANNEL = 26, 27  # per-round upload rates; Shannon mode's per-client distances
 
 
 class Roles(NamedTuple):

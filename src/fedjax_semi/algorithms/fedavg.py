@@ -41,15 +41,8 @@ from fedjax_semi.algorithms.base import (
 from fedjax_semi.config import AlgorithmConfig, bad
 from fedjax_semi.data.federated import FederatedData, TrainView
 from fedjax_semi.engine import aggregate
-from fedjax_semi.engine.clients import (
-    DROPOUT,
-    INIT,
-    SAMPLE,
-    broadcast,
-    client_key,
-    gather,
-    scatter,
-)
+from fedjax_semi.engine.clients import broadcast, gather, scatter
+from fedjax_semi.engine.keys import DROPOUT, INIT, SAMPLE, client_key
 from fedjax_semi.engine.train import (
     LocalObjective,
     Schedule,

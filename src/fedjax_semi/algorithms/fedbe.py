@@ -39,7 +39,17 @@ from fedjax_semi.algorithms.dofed_spp import data_roles
 from fedjax_semi.config import AlgorithmConfig, ConfigError, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine import aggregate
-from fedjax_semi.engine.clients import INIT, client_key, round_key
+from fedjax_semi.engine.keys import (
+    DISTILL_DROPOUT,
+    DISTILL_SAMPLE,
+    GAUSSIAN,
+    INIT,
+    POOL_STREAM,
+    client_key,
+    round_key,
+)
+from fedjax_semi.engine.keys import FEDBE_DROPOUT as DROPOUT
+from fedjax_semi.engine.keys import FEDBE_SAMPLE as SAMPLE
 from fedjax_semi.engine.train import (
     LocalObjective,
     Schedule,
@@ -54,9 +64,6 @@ from fedjax_semi.systems import wireless
 
 PyTree = Any
 
-# Random streams of FedBE (DoFed-SPP uses 20-27, FedFomo 30-32).
-SAMPLE, DROPOUT, GAUSSIAN, DISTILL_SAMPLE, DISTILL_DROPOUT = range(40, 45)
-POOL_STREAM = 45  # numpy stream of the pool draw
 POOLS = ("train_split", "clients_unlabeled", "server")
 TARGETS = ("soft", "hard")
 SERVER_SETS = ("server_unlabeled", "public")  # the partition's unlabeled server sets

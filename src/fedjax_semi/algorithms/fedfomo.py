@@ -38,14 +38,10 @@ from fedjax_semi.algorithms.base import FLState, Mapper, cohort_metrics, registe
 from fedjax_semi.algorithms.dofed_spp import data_roles
 from fedjax_semi.config import AlgorithmConfig, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
-from fedjax_semi.engine.clients import (
-    INIT,
-    broadcast,
-    client_key,
-    gather,
-    round_key,
-    scatter,
-)
+from fedjax_semi.engine.clients import broadcast, gather, scatter
+from fedjax_semi.engine.keys import DOWNLOAD, INIT, client_key, round_key
+from fedjax_semi.engine.keys import FEDFOMO_DROPOUT as DROPOUT
+from fedjax_semi.engine.keys import FEDFOMO_SAMPLE as SAMPLE
 from fedjax_semi.engine.train import (
     LocalObjective,
     Schedule,
@@ -59,8 +55,6 @@ from fedjax_semi.systems import wireless
 
 PyTree = Any
 
-# Random streams of FedFomo (DoFed-SPP uses 20-27, FedBE 40-44).
-SAMPLE, DROPOUT, DOWNLOAD = 30, 31, 32
 AFFINITY = ("raw", "normalized")
 
 

@@ -23,7 +23,8 @@ from fedjax_semi.algorithms.base import FLState, cohort_metrics, register
 from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check
 from fedjax_semi.config import AlgorithmConfig, bad
 from fedjax_semi.engine import aggregate
-from fedjax_semi.engine.clients import DROPOUT, SAMPLE, client_key, scatter
+from fedjax_semi.engine.clients import scatter
+from fedjax_semi.engine.keys import DROPOUT, SAMPLE, client_key
 from fedjax_semi.engine.train import LocalObjective, batch_positions, random_positions
 
 

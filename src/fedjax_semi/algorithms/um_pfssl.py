@@ -29,7 +29,8 @@ from fedjax_semi.algorithms.base import FLState, cohort_metrics, register, sampl
 from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check
 from fedjax_semi.config import AlgorithmConfig, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
-from fedjax_semi.engine.clients import (
+from fedjax_semi.engine.clients import broadcast, gather, map_within_client, scatter
+from fedjax_semi.engine.keys import (
     CANDIDATE,
     DROPOUT,
     FILL,
@@ -37,13 +38,10 @@ from fedjax_semi.engine.clients import (
     MC_REFRESH,
     MC_REPLACE,
     MC_STATS,
+    MC_STATS_OWN,
     SAMPLE,
     WARMUP,
-    broadcast,
     client_key,
-    gather,
-    map_within_client,
-    scatter,
 )
 from fedjax_semi.engine.train import Schedule, kl_divergence, local_train, masked_mean
 from fedjax_semi.kernels.selection import lowest_mask, merge_best, sample_excluding
@@ -263,7 +261,7 @@ class UMPFSSL(FedAvgFamily):
         p_bar, ent = st["p_bar_u"], st["ent_u"]
         if c.self_pl_model == "post_aggregation":
             own_st = self.helper_stats(
-                jax.tree.map(lambda a: a[None], agg), k[None], MC_STATS + 100, inp, shared, mu
+                jax.tree.map(lambda a: a[None], agg), k[None], MC_STATS_OWN, inp, shared, mu
             )
             p_bar, ent = p_bar.at[0].set(own_st["p_bar_u"][0]), ent.at[0].set(own_st["ent_u"][0])
         y_hat, chosen, confidence = helper_pseudo_labels(
@@ -322,7 +320,8 @@ class UMPFSSL(FedAvgFamily):
         lab, unl = inp["lab"], inp["unl"]
         n_s, n_u = lab.count, unl.count
         one_hot = lambda idx: jax.nn.one_hot(shared["y"][idx], y_hat.shape[-1])
-        key_s, key_d = (client_key(self.seed_key, p, t, k) for p in (SAMPLE, DROPOUT))
+        key_s = client_key(self.seed_key, SAMPLE, t, k)
+        key_d = client_key(self.seed_key, DROPOUT, t, k)
         train = functools.partial(
             local_train, self.um_objective, self.tx, data_x=shared["x"], data_y=shared["y"]
         )

@@ -1,4 +1,4 @@
-"""The client axis: per-client randomness, chunked mapping, gather/scatter of a cohort.
+"""The client axis: chunked mapping, gather/scatter of a cohort.
 
 Three ways to map a per-client function over a leading client axis, which must agree numerically:
   * `map_clients(fn, xs, chunk=k)` inside jit: `lax.map(..., batch_size=k)`, a vmap over chunks of
@@ -17,25 +17,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from fedjax_semi.engine.keys import SELECT, round_key
+
 PyTree = Any
-
-# Purposes of per-client random streams. A client's key never depends on its position in a chunk.
-INIT, SELECT, SAMPLE, DROPOUT, AUGMENT, PSEUDO = range(6)
-# UM-pFSSL's helper protocol.
-WARMUP, FILL, CANDIDATE, MC_REPLACE, MC_CANDIDATE, MC_REFRESH, MC_STATS = range(6, 13)
-
-
-def client_key(seed_key: jax.Array, purpose: int, rnd: jax.Array, client: jax.Array) -> jax.Array:
-    """Key for (seed, purpose, round, client id)."""
-    k = jax.random.fold_in(seed_key, purpose)
-    k = jax.random.fold_in(k, rnd)
-    return jax.random.fold_in(k, client)
-
-
-def round_key(seed_key: jax.Array, purpose: int, rnd: jax.Array) -> jax.Array:
-    """Key for (seed, purpose, round) with no client: server-side draws such as selection."""
-    return jax.random.fold_in(jax.random.fold_in(seed_key, purpose), rnd)
-
 
 # True while tracing under a vmap over clients or replicas. A loop (chunk=1, the reference loop)
 # keeps the enclosing value, so maps inside one client's work (`map_within_client`) loop only

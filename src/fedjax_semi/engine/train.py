@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_semi.data.federated import RoleTable
+from fedjax_semi.engine.keys import AUGMENT_STREAM
 from fedjax_semi.models.zoo import Model
 
 PyTree = Any
-AUGMENT_STREAM = 7919  # folded into a step's key for augmentation draws
 
 
 # ----------------------------------------------------------------------------- losses

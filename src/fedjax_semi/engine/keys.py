@@ -1,0 +1,80 @@
+"""Every random stream of a run, declared in one place.
+
+A run's JAX randomness all derives from one seed key: `client_key` / `round_key` fold a
+*purpose* into it, then the round (and the client), so a client's key never depends on its
+position in a chunk or on what other streams drew. The purposes below are part of the
+results: renumbering one changes every metric that draws on it, so values are never reused
+or changed, only added. Methods that deliberately draw what another method draws (the same
+initial model, the same channel) import the same constant rather than declaring a copy.
+"""
+
+from __future__ import annotations
+
+import jax
+
+
+def client_key(seed_key: jax.Array, purpose: int, rnd: jax.Array, client: jax.Array) -> jax.Array:
+    """Key for (seed, purpose, round, client id)."""
+    k = jax.random.fold_in(seed_key, purpose)
+    k = jax.random.fold_in(k, rnd)
+    return jax.random.fold_in(k, client)
+
+
+def round_key(seed_key: jax.Array, purpose: int, rnd: jax.Array) -> jax.Array:
+    """Key for (seed, purpose, round) with no client: server-side draws such as selection."""
+    return jax.random.fold_in(jax.random.fold_in(seed_key, purpose), rnd)
+
+
+# ---- the engine and every method built on it (0-5) ----------------------------------------
+INIT = 0  # model initialization (FedAvg family, FedBE, FedFomo, DoFed-SPP: one initial model)
+SELECT = 1  # the round's cohort (engine.clients.select_cohort)
+SAMPLE = 2  # a client's minibatch order (FedAvg family, pFedMe, UM-pFSSL)
+DROPOUT = 3  # a client's dropout masks (FedAvg family, pFedMe, UM-pFSSL)
+AUGMENT = 4  # reserved, unused today (augmentation draws on AUGMENT_STREAM below)
+PSEUDO = 5  # reserved, unused today
+
+# ---- UM-pFSSL's helper protocol (6-12, and 112) --------------------------------------------
+WARMUP = 6  # warm-up minibatch order (its dropout draws on DROPOUT at round 0)
+FILL = 7  # first participation: the M-1 random helpers
+CANDIDATE = 8  # the R candidate helpers of a replacement
+MC_REPLACE = 9  # MC-dropout statistics of the current helpers, before replacement
+MC_CANDIDATE = 10  # MC-dropout statistics of the candidates
+MC_REFRESH = 11  # MC-dropout statistics when stale helpers are refreshed
+MC_STATS = 12  # MC-dropout statistics of the final helper list
+MC_STATS_OWN = MC_STATS + 100  # the post-aggregation model's own statistics (112)
+
+# ---- DoFed-SPP (20-27); the DoFed baselines, FedBE and FedFomo reuse UPLOAD and CHANNEL -----
+WARM_SAMPLE = 20  # warm-up minibatch order
+WARM_DROPOUT = 21  # warm-up dropout
+REC_SAMPLE = 22  # recommendation-model minibatch order
+REC_DROPOUT = 23  # recommendation-model dropout
+TAR_SAMPLE = 24  # target-model minibatch order
+TAR_DROPOUT = 25  # target-model dropout
+UPLOAD = 26  # per-round upload rates (systems.wireless)
+CHANNEL = 27  # Shannon mode's per-client distances
+
+# ---- FedFomo (30-32): its own sample/dropout streams, not the engine's ----------------------
+FEDFOMO_SAMPLE = 30  # minibatch order
+FEDFOMO_DROPOUT = 31  # dropout
+DOWNLOAD = 32  # which peer models a client downloads (epsilon-greedy)
+
+# ---- FedBE (40-45): its own sample/dropout streams, not the engine's ------------------------
+FEDBE_SAMPLE = 40  # minibatch order
+FEDBE_DROPOUT = 41  # dropout
+GAUSSIAN = 42  # the sampled global models
+DISTILL_SAMPLE = 43  # server distillation minibatch order
+DISTILL_DROPOUT = 44  # server distillation dropout
+POOL_STREAM = 45  # not a JAX purpose: numpy `default_rng([seed, POOL_STREAM])` of the pool draw
+
+# ---- folded into an already derived key, not into the seed key --------------------------------
+AUGMENT_STREAM = 7919  # a training step's key -> its augmentation draws (engine.train)
+
+PURPOSES: dict[str, int] = {
+    name: value
+    for name, value in dict(globals()).items()
+    if name.isupper() and isinstance(value, int) and not isinstance(value, bool)
+}
+
+# Names allowed to share a value with another (alias -> the name it shares with), each with the
+# reason. None today: a method that deliberately draws another's stream imports that constant.
+ALIASES: dict[str, str] = {}

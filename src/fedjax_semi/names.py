@@ -1,0 +1,28 @@
+"""Names that `config` validates against and the packages that implement them also use.
+
+A leaf module (it imports nothing from the package), so `config` can check `algorithm.name`
+without importing `algorithms`, which imports `config`. `fedjax_semi.algorithms` checks on
+import that its registry holds exactly these names.
+"""
+
+from __future__ import annotations
+
+ALGORITHM_NAMES: tuple[str, ...] = (
+    "dofed_spp",
+    "fedavg",
+    "fedavg_pl",
+    "fedavg_sl",
+    "fedbe",
+    "fedbn_sl",
+    "fedfomo",
+    "fedper",
+    "fedprox",
+    "fedprox_sl",
+    "fixavg",
+    "fixbn",
+    "fixprox",
+    "lg_fedavg",
+    "local",
+    "pfedme",
+    "um_pfssl",
+)
