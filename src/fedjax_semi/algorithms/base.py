@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +61,27 @@ class Algorithm(Protocol):
     ) -> tuple[FLState, dict]: ...
 
     def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict: ...
+
+
+class Capabilities:
+    """The optional parts of a round, declared by every method (the engine never probes for
+    them). The defaults are a method without them; a method that has one overrides it.
+
+    has_warmup: `warmup(state, data, mapper)` runs once before round 1.
+    round_flags(t): hashable per-round switches of round t, compiled as static arguments.
+    client_update_for(flags): the client function of a round with those switches.
+    """
+
+    has_warmup: ClassVar[bool] = False
+
+    def warmup(self, state: FLState, data: TrainView, mapper: Mapper) -> FLState:
+        raise NotImplementedError(f"{type(self).__name__} declares no warm-up")
+
+    def round_flags(self, t: int) -> tuple:
+        return ()
+
+    def client_update_for(self, flags: tuple) -> Callable[[PyTree, PyTree], PyTree]:
+        return self.client_update  # type: ignore[attr-defined]
 
 
 def _client_finite(stacked) -> jax.Array:

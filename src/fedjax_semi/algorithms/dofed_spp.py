@@ -31,12 +31,13 @@ D_unl = unlabeled.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_semi.algorithms.base import (
+    Capabilities,
     FLState,
     Mapper,
     client_accuracy,
@@ -109,7 +110,7 @@ def low_rank(variables: PyTree, rank: int) -> PyTree:
 
 
 @dataclasses.dataclass
-class DoFedSPP:
+class DoFedSPP(Capabilities):
     cfg: AlgorithmConfig
     model: Model
     num_clients: int
@@ -191,6 +192,8 @@ class DoFedSPP:
         )
 
     # ------------------------------------------------------------------ Phase 0
+
+    has_warmup: ClassVar[bool] = True
 
     def warmup(self, state: FLState, data: TrainView, mapper: Mapper) -> FLState:
         """Algorithm 2 lines 1-12: L rounds of reciprocal training, all N upload, first SRs."""

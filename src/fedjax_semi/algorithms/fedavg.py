@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from fedjax_semi.algorithms import dofed_baselines as dofed
 from fedjax_semi.algorithms.base import (
+    Capabilities,
     FLState,
     Mapper,
     client_accuracy,
@@ -56,7 +57,7 @@ from fedjax_semi.systems import wireless
 
 
 @dataclasses.dataclass
-class FedAvgFamily:
+class FedAvgFamily(Capabilities):
     cfg: AlgorithmConfig
     model: Model
     num_clients: int

@@ -34,7 +34,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_semi.algorithms import dofed_baselines as common
-from fedjax_semi.algorithms.base import FLState, Mapper, cohort_metrics, register, sample_cohort
+from fedjax_semi.algorithms.base import (
+    Capabilities,
+    FLState,
+    Mapper,
+    cohort_metrics,
+    register,
+    sample_cohort,
+)
 from fedjax_semi.algorithms.dofed_spp import data_roles
 from fedjax_semi.config import AlgorithmConfig, ConfigError, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
@@ -203,7 +210,7 @@ def pool_logits(model: Model, variables: PyTree, x: jax.Array, idx: jax.Array, b
 
 
 @dataclasses.dataclass
-class FedBE:
+class FedBE(Capabilities):
     cfg: AlgorithmConfig
     model: Model
     num_clients: int

@@ -34,7 +34,14 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from fedjax_semi.algorithms import dofed_baselines as common
-from fedjax_semi.algorithms.base import FLState, Mapper, cohort_metrics, register, sample_cohort
+from fedjax_semi.algorithms.base import (
+    Capabilities,
+    FLState,
+    Mapper,
+    cohort_metrics,
+    register,
+    sample_cohort,
+)
 from fedjax_semi.algorithms.dofed_spp import data_roles
 from fedjax_semi.config import AlgorithmConfig, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
@@ -78,7 +85,7 @@ def epsilon_at(t: jax.Array, epsilon: float, decay: float) -> jax.Array:
 
 
 @dataclasses.dataclass
-class FedFomo:
+class FedFomo(Capabilities):
     cfg: AlgorithmConfig
     model: Model
     num_clients: int

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -93,6 +94,8 @@ class UMPFSSL(FedAvgFamily):
             "comm": {c: jnp.zeros((), jnp.int32) for c in COUNTERS},
         }
         return state.replace(extra=extra)
+
+    has_warmup: ClassVar[bool] = True
 
     def warmup(self, state: FLState, data: TrainView, mapper) -> FLState:
         """Alg. 1 l.3-4: every client trains on its labeled data only, then uploads."""

@@ -36,9 +36,8 @@ from fedjax_semi.results.writers import Summaries, make_writers
 class Runner:
     """Compiles one round and one evaluation, for the jit backend or the reference loop.
 
-    Optional algorithm hooks: `warmup(state, data, mapper)` runs once before round 1;
-    `round_flags(rnd)` gives hashable per-round switches (compiled as static arguments) and
-    `client_update_for(flags)` the client function for them.
+    The optional parts of a round (a warm-up, per-round switches) are the ones the algorithm
+    declares (`algorithms.base.Capabilities`).
     """
 
     def __init__(
@@ -56,9 +55,8 @@ class Runner:
         self.seeds = tuple(int(s) for s in seeds) if seeds is not None else None
         self.replica_chunk = replica_chunk
         self.data = fed.train_view(oracle=alg.oracle)
-        self._flags = getattr(alg, "round_flags", lambda rnd: ())
-        self._update_for = getattr(alg, "client_update_for", lambda flags: alg.client_update)
-        self._warmup_fn = getattr(alg, "warmup", None)
+        self._flags, self._update_for = alg.round_flags, alg.client_update_for
+        self._warmup_fn = alg.warmup if alg.has_warmup else None
         self.chunk, self.autotune = chunk, None
         self._keep = jax.jit(keep_replicas)
         # The seed key(s) enter every compiled program as an argument, never as a constant: one
