@@ -24,7 +24,17 @@ CACHE_VARS = {
 _OWN_CACHE: list[str] = []
 
 
+# Two xdist workers on two cores: each worker's XLA runs on one thread. Eigen's pool would
+# otherwise start a thread per core in each worker, and the two pools contend for the cores.
+ONE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
 def pytest_configure(config) -> None:
+    if (
+        os.environ.get("PYTEST_XDIST_WORKER")
+        and os.environ.get("FEDJAX_SEMI_TEST_THREADS") != "all"
+    ):
+        os.environ.setdefault("XLA_FLAGS", ONE_THREAD_XLA)
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the controller, before workers start
         _OWN_CACHE.append(tempfile.mkdtemp(prefix="fedjax-semi-xla-cache-"))
         os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE[0]
