@@ -24,17 +24,22 @@ CACHE_VARS = {
 _OWN_CACHE: list[str] = []
 
 
-# Two xdist workers on two cores: each worker's XLA runs on one thread. Eigen's pool would
-# otherwise start a thread per core in each worker, and the two pools contend for the cores.
-ONE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+# The fast suite's XLA settings, for its xdist workers (make test runs two on two cores):
+# - one thread per worker: Eigen's pool would start a thread per core in each worker, and the
+#   two pools would contend for the cores;
+# - LLVM's optimisation level 0: the suite's programs are tiny and compiled once, so compiling
+#   is most of its time (one equivalence test: 50 s -> 32 s of CPU). Results keep IEEE float
+#   semantics; every comparison in the suite is between programs compiled alike, or against
+#   NumPy with a float32 tolerance. The golden check (slow, no workers) keeps the default level.
+WORKER_XLA_FLAGS = (
+    "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1 "
+    "--xla_backend_optimization_level=0"
+)
 
 
 def pytest_configure(config) -> None:
-    if (
-        os.environ.get("PYTEST_XDIST_WORKER")
-        and os.environ.get("FEDJAX_SEMI_TEST_THREADS") != "all"
-    ):
-        os.environ.setdefault("XLA_FLAGS", ONE_THREAD_XLA)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a user's own XLA_FLAGS win
+        os.environ.setdefault("XLA_FLAGS", WORKER_XLA_FLAGS)
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the controller, before workers start
         _OWN_CACHE.append(tempfile.mkdtemp(prefix="fedjax-semi-xla-cache-"))
         os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE[0]

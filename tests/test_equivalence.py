@@ -1,5 +1,6 @@
 """Every algorithm gives the same numbers whether clients are mapped one at a time (chunk=1), in
-chunks, all at once (one vmap), or through the reference Python loop of per-client jitted calls."""
+chunks, all at once (one vmap), or through the reference Python loop of per-client jitted calls;
+and, on the same compiled programs, trains to the same state when the hidden labels change."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 from conftest import compose_config
 from fedjax_semi import experiment
 from fedjax_semi.algorithms import algorithm_names
+from test_dofed_spp import swap_data
+from test_isolation import OWN_RUNS, corrupt_unlabeled
 
 # Knobs that make each algorithm exercise its own path within a few rounds.
 EXTRA = {
@@ -61,6 +64,24 @@ def test_chunk_and_reference_agree(name):
                 )
         for x, y in zip(jax.tree.leaves(state), jax.tree.leaves(ref_state), strict=True):
             np.testing.assert_allclose(x, y, atol=1e-4, err_msg=f"{name} {label} state")
+    if exp.alg.oracle:  # the fully supervised references read every label by design
+        return
+    # Hidden labels stay hidden: the same compiled chunk=1 programs, on data whose hidden labels
+    # are corrupted, train to a bit-identical state (test_isolation.py: the other methods).
+    runner = backends["chunk=1"]
+    swap_data(runner, corrupt_unlabeled(exp.fed))
+    _, corrupted = run_rounds(exp, runner, 3)
+    for x, y in zip(
+        jax.tree.leaves(corrupted), jax.tree.leaves(results["chunk=1"][1]), strict=True
+    ):
+        np.testing.assert_array_equal(x, y, err_msg=f"{name}: training read hidden labels")
+
+
+def test_every_method_has_a_hidden_label_check():
+    """Each method that may not read hidden labels is checked here, in test_isolation.py or in
+    its own file (UM-pFSSL)."""
+    mapped_here = {n for n in algorithm_names() if n not in OWN_EQUIVALENCE_TESTS}
+    assert set(algorithm_names()) == mapped_here | set(OWN_RUNS) | {"um_pfssl"}
 
 
 def test_pseudo_labels_are_used():

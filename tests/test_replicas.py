@@ -43,7 +43,12 @@ def rows_of(runner: Runner, rounds: int) -> tuple[list[dict], object]:
     return out, state
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# UM-pFSSL's case compiles four round variants three times (replicas, and each seed alone):
+# a long check (make test-slow); its mappings agree in test_um_pfssl.py, and the replica axis is
+# checked here on FedAvg-PL and DoFed-SPP (a warm-up, the clock) in the fast suite.
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "um_pfssl" else n for n in CASES]
+)
 def test_replica_r_is_the_run_of_seed_r_alone(name):
     exp = experiment.build(compose_config(*CASES[name]))
     stacked, stacked_state = rows_of(exp.runner(seeds=SEEDS, replica_chunk="all"), 3)

@@ -263,6 +263,7 @@ def test_hidden_labels_change_nothing(tiny_runner, tiny):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow  # 600 rounds of 100 clients: a long check, make test-slow runs it
 def test_table3_protocol_costs():
     """Table 3's protocol (K=100, S=10, 200 rounds, M=5, R=2, F=20) for nu in {5, 8, 10}, on a
     tiny model (the counts depend on the protocol, not on the model): cost(nu=10) is below
