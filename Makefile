@@ -32,7 +32,7 @@ run: data
 	$(VENV)/bin/fedjax-semi $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" -n 2 --dist worksteal $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)

@@ -133,6 +133,9 @@ KNOBS = [
 ]
 
 
+# Every non-default knob compiles its own four round variants three times: a long check (make
+# test-slow); the default knobs' mappings agree in the fast suite (test_vectorized_equals_...).
+@pytest.mark.slow
 def test_every_knob_vectorized_equals_reference_loop_ac18_a16_a43():
     """All knobs on: chunk=1 == reference loop. search_schedule=per_client_participations: a
     client searches (R replace downloads) in exactly its first F participations, whatever the
@@ -167,6 +170,9 @@ def test_every_knob_vectorized_equals_reference_loop_ac18_a16_a43():
     )
 
 
+# Four more UM-pFSSL runs, each compiling its round variants: a long check (make test-slow); the
+# kernel's confidence and thresholding are checked against NumPy in test_pseudo_labels_ac7.
+@pytest.mark.slow
 def test_pl_threshold_keeps_confident_pseudo_labels(tiny):
     """pl_threshold (spec 2.6): 0 keeps every pseudo-label, bit-identical to the default null; a
     threshold no pseudo-label reaches drops them all (nothing scored), and then what they were
