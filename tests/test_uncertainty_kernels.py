@@ -50,14 +50,15 @@ def test_entropy_extremes():
 @functools.lru_cache
 def resnet(dropout: float):
     model = make_model("resnet9", (8, 8, 1), 4, width=0.0625, dropout=dropout)
-    return model, model.init(jax.random.PRNGKey(0))
+    # jitted: op-by-op dispatch of a ResNet's init compiles every op apart (tens of seconds)
+    return model, jax.jit(model.init)(jax.random.PRNGKey(0))
 
 
 def test_deterministic_limit_ac2():
     model, v = resnet(0.0)
     x = jax.random.randint(jax.random.PRNGKey(1), (5, 8, 8, 1), 0, 255).astype(jnp.uint8)
     p_bar, h = uncertainty.mc_predict(model, v, x, jax.random.PRNGKey(2), 4)
-    logits, _ = model.apply(v, x)
+    logits, _ = jax.jit(model.apply)(v, x)
     np.testing.assert_allclose(p_bar, jax.nn.softmax(logits), atol=1e-5)
     again = uncertainty.mc_predict(model, v, x, jax.random.PRNGKey(2), 4)
     np.testing.assert_array_equal(p_bar, again[0])
