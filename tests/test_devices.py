@@ -52,7 +52,9 @@ SCRIPT = textwrap.dedent(
 
 
 def test_four_devices_match_one():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    # The suite's own XLA flags (conftest.WORKER_XLA_FLAGS) stay; four host devices are added.
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4"
+    env = {**os.environ, "XLA_FLAGS": flags.strip()}
     tests = str(Path(__file__).parent)
     r = subprocess.run(
         [sys.executable, "-c", SCRIPT.format(tests=tests)],

@@ -169,17 +169,19 @@ def test_local_training_matches_manual_sgd():
     )
     pos, valid = train.batch_positions(ks, jnp.int32(20), 25, sched)
     params = variables["params"]
-    for p, v in zip(np.asarray(pos), np.asarray(valid), strict=True):
-        if not v.any():
-            continue
-        ids = np.asarray(idx)[p][v]
 
-        def loss(prm, ids=ids):
+    @jax.jit  # one program per batch size (op by op, every op would compile apart)
+    def sgd_step(prm, ids):
+        def loss(prm):
             logits, _ = model.apply({"params": prm}, x[ids])
             return train.cross_entropy(logits, y[ids]).mean()
 
-        g = jax.grad(loss)(params)
-        params = jax.tree.map(lambda a, b: a - 0.1 * b, params, g)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, prm, jax.grad(loss)(prm))
+
+    for p, v in zip(np.asarray(pos), np.asarray(valid), strict=True):
+        if not v.any():
+            continue
+        params = sgd_step(params, np.asarray(idx)[p][v])
     for a, b in zip(jax.tree.leaves(new["params"]), jax.tree.leaves(params), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
     assert int(stats["steps"]) == 2 * 3  # ceil(20 / 8) = 3 active steps per epoch

@@ -14,6 +14,22 @@ from hypothesis import strategies as st
 from fedjax_semi.kernels import selection, uncertainty
 from fedjax_semi.models.zoo import make_model
 
+# Jitted, as the methods call them (inside a compiled round): the property tests draw many
+# shapes, and op-by-op dispatch would compile every op of every shape apart.
+predictive_entropy = jax.jit(uncertainty.predictive_entropy)
+aggregation_weights = jax.jit(uncertainty.aggregation_weights)
+personalized_average = jax.jit(uncertainty.personalized_average)
+helper_pseudo_labels = jax.jit(uncertainty.helper_pseudo_labels, static_argnames="hard")
+mc_predict = jax.jit(uncertainty.mc_predict, static_argnames=("model", "num_samples"))
+mc_logits = jax.jit(uncertainty.mc_logits, static_argnames="model")
+mc_predict_rows = jax.jit(
+    uncertainty.mc_predict_rows, static_argnames=("model", "num_samples", "block")
+)
+pair_stats = jax.jit(
+    uncertainty.pair_stats,
+    static_argnames=("model", "num_samples", "form", "reduction", "eps", "acc_mode"),
+)
+
 
 def np_softmax(z):
     z = z - z.max(-1, keepdims=True)
@@ -25,7 +41,7 @@ def np_softmax(z):
 @given(st.integers(1, 6), st.integers(1, 5), st.integers(2, 7), st.integers(0, 10**6))
 def test_predictive_entropy_matches_numpy_and_bounds(t, n, nc, seed):
     logits = np.random.default_rng(seed).normal(scale=3, size=(t, n, nc)).astype(np.float32)
-    p_bar, h = uncertainty.predictive_entropy(jnp.asarray(logits))
+    p_bar, h = predictive_entropy(jnp.asarray(logits))
     ref_p = np_softmax(logits.astype(np.float64)).mean(0)
     ref_h = -(ref_p * np.log(ref_p)).sum(-1)
     np.testing.assert_allclose(p_bar, ref_p, atol=1e-5)
@@ -40,11 +56,9 @@ def test_predictive_entropy_matches_numpy_and_bounds(t, n, nc, seed):
 def test_entropy_extremes():
     one_hot = jnp.asarray([[[50.0, -50.0, -50.0]]])
     uniform = jnp.zeros((1, 1, 3))
-    assert float(uncertainty.predictive_entropy(one_hot)[1][0]) == pytest.approx(0.0, abs=1e-6)
+    assert float(predictive_entropy(one_hot)[1][0]) == pytest.approx(0.0, abs=1e-6)
     # float32 softmax, log and sum of O(1) terms: rel a few float32 ulps (approx's 1e-6 is ~8).
-    assert float(uncertainty.predictive_entropy(uniform)[1][0]) == pytest.approx(
-        np.log(3), rel=1e-5
-    )
+    assert float(predictive_entropy(uniform)[1][0]) == pytest.approx(np.log(3), rel=1e-5)
 
 
 @functools.lru_cache
@@ -57,10 +71,10 @@ def resnet(dropout: float):
 def test_deterministic_limit_ac2():
     model, v = resnet(0.0)
     x = jax.random.randint(jax.random.PRNGKey(1), (5, 8, 8, 1), 0, 255).astype(jnp.uint8)
-    p_bar, h = uncertainty.mc_predict(model, v, x, jax.random.PRNGKey(2), 4)
+    p_bar, h = mc_predict(model, v, x, jax.random.PRNGKey(2), 4)
     logits, _ = jax.jit(model.apply)(v, x)
     np.testing.assert_allclose(p_bar, jax.nn.softmax(logits), atol=1e-5)
-    again = uncertainty.mc_predict(model, v, x, jax.random.PRNGKey(2), 4)
+    again = mc_predict(model, v, x, jax.random.PRNGKey(2), 4)
     np.testing.assert_array_equal(p_bar, again[0])
 
 
@@ -68,8 +82,8 @@ def test_prefix_suffix_equals_whole_network_ac3():
     model, v = resnet(0.5)
     x = jax.random.randint(jax.random.PRNGKey(1), (6, 8, 8, 1), 0, 255).astype(jnp.uint8)
     keys = jax.random.split(jax.random.PRNGKey(3), 5)
-    split = uncertainty.mc_logits(model, v, x, keys)
-    whole = jax.vmap(lambda k: model.apply(v, x, mc=True, rng=k)[0])(keys)
+    split = mc_logits(model, v, x, keys)
+    whole = jax.jit(jax.vmap(lambda k: model.apply(v, x, mc=True, rng=k)[0]))(keys)
     np.testing.assert_allclose(split, whole, atol=1e-5)
     assert float(jnp.abs(split[0] - split[1]).max()) > 1e-4  # dropout is on
 
@@ -141,7 +155,7 @@ def test_pair_stats_pads_with_inf_and_zero():
     model, v = resnet(0.5)
     x = jax.random.randint(jax.random.PRNGKey(1), (10, 8, 8, 1), 0, 255).astype(jnp.uint8)
     y = jnp.arange(10) % 4
-    out = uncertainty.pair_stats(
+    out = pair_stats(
         model,
         v,
         x,
@@ -163,17 +177,17 @@ def test_deterministic_acc_mode_uses_the_network_without_dropout():
     """acc_mode=deterministic: Acc(k|j) is the accuracy of the dropout-off network's argmax."""
     model, v = resnet(0.5)
     x = jax.random.randint(jax.random.PRNGKey(1), (12, 8, 8, 1), 0, 255).astype(jnp.uint8)
-    logits = np.asarray(model.apply(v, x)[0])
+    logits = np.asarray(jax.jit(model.apply)(v, x)[0])
     y = jnp.asarray(logits.argmax(-1))
     y = y.at[:3].set((y[:3] + 1) % logits.shape[-1])  # 3 of the 6 labeled rows are wrong
-    out = uncertainty.pair_stats(
+    out = pair_stats(
         model, v, x, y, jnp.arange(6), jnp.int32(6), jnp.arange(6), jnp.int32(6),
         jnp.float32(1.0), jax.random.PRNGKey(5), 4, acc_mode="deterministic",
     )  # fmt: skip
     assert float(out["acc"]) == pytest.approx(0.5)
     assert float(out["corr"]) == pytest.approx(0.5)  # mu = 1: Corr = Acc
     with pytest.raises(ValueError, match="algorithm.acc_mode"):
-        uncertainty.pair_stats(
+        pair_stats(
             model, v, x, y, jnp.arange(6), jnp.int32(6), jnp.arange(6), jnp.int32(6),
             jnp.float32(1.0), jax.random.PRNGKey(5), 4, acc_mode="x",
         )  # fmt: skip
@@ -186,25 +200,25 @@ def test_aggregation_ac6(s, m, seed):
     corr = rng.uniform(0, 3, size=(s, m)).astype(np.float32)
     valid = rng.uniform(size=(s, m)) < 0.7
     valid[:, 0] = True  # self is always valid
-    w = np.asarray(uncertainty.aggregation_weights(jnp.asarray(corr), jnp.asarray(valid)))
+    w = np.asarray(aggregation_weights(jnp.asarray(corr), jnp.asarray(valid)))
     assert (w >= 0).all() and np.allclose(w.sum(-1), 1, atol=1e-6)
     assert (w[~valid] == 0).all()
     ref = np.where(valid, corr, 0) / np.where(valid, corr, 0).sum(-1, keepdims=True)
     np.testing.assert_allclose(w, ref, rtol=1e-5, atol=1e-6)  # float32 weights in [0, 1]
     helpers = {"k": rng.normal(size=(s, m, 3)).astype(np.float32)}
-    avg = uncertainty.personalized_average(jnp.asarray(w), helpers)["k"]
+    avg = personalized_average(jnp.asarray(w), helpers)["k"]
     np.testing.assert_allclose(avg, np.einsum("sm,smd->sd", w, helpers["k"]), atol=1e-5)
     perm = rng.permutation(m)  # permuting helper slots leaves the result unchanged
-    avg_p = uncertainty.personalized_average(jnp.asarray(w[:, perm]), {"k": helpers["k"][:, perm]})
+    avg_p = personalized_average(jnp.asarray(w[:, perm]), {"k": helpers["k"][:, perm]})
     np.testing.assert_allclose(avg_p["k"], avg, atol=1e-5)
     same = {"k": np.repeat(helpers["k"][:, :1], m, axis=1)}  # identical models -> that model
     np.testing.assert_allclose(
-        uncertainty.personalized_average(jnp.asarray(w), same)["k"], same["k"][:, 0], atol=1e-5
+        personalized_average(jnp.asarray(w), same)["k"], same["k"][:, 0], atol=1e-5
     )
 
 
 def test_degenerate_weights_are_uniform():
-    w = uncertainty.aggregation_weights(jnp.zeros((1, 3)), jnp.asarray([[True, True, False]]))
+    w = aggregation_weights(jnp.zeros((1, 3)), jnp.asarray([[True, True, False]]))
     np.testing.assert_allclose(w, [[0.5, 0.5, 0.0]])
 
 
@@ -218,7 +232,7 @@ def test_pseudo_labels_ac7(s, m, nu, seed):
     ent[:, -1] = ent[:, 0]  # the last helper ties with self: ties must go to the lower slot
     valid = rng.uniform(size=(s, m)) < 0.6
     valid[:, 0] = True
-    out = uncertainty.helper_pseudo_labels(jnp.asarray(p_bar), jnp.asarray(ent), valid)
+    out = helper_pseudo_labels(jnp.asarray(p_bar), jnp.asarray(ent), valid)
     y_hat, chosen, confidence = (np.asarray(a) for a in out)
     for a in range(s):
         for i in range(nu):
@@ -227,7 +241,7 @@ def test_pseudo_labels_ac7(s, m, nu, seed):
             np.testing.assert_allclose(y_hat[a, i], p_bar[a, chosen[a, i], i])
             assert confidence[a, i] == pytest.approx(p_bar[a, chosen[a, i], i].max())
     np.testing.assert_allclose(y_hat.sum(-1), 1, atol=1e-5)
-    hard, hard_chosen, hard_conf = uncertainty.helper_pseudo_labels(
+    hard, hard_chosen, hard_conf = helper_pseudo_labels(
         jnp.asarray(p_bar), jnp.asarray(ent), valid, True
     )
     np.testing.assert_array_equal(np.asarray(hard), np.eye(nc)[y_hat.argmax(-1)])
@@ -282,14 +296,14 @@ def test_blockwise_mc_matches_whole_rows_and_ignores_padding():
     x = jax.random.randint(jax.random.PRNGKey(1), (40, 8, 8, 1), 0, 255).astype(jnp.uint8)
     idx = jnp.arange(20)
     key = jax.random.PRNGKey(7)
-    p, h = uncertainty.mc_predict_rows(model, v, x, idx, jnp.int32(20), key, 3, block=20)
-    ref_p, ref_h = uncertainty.mc_predict(model, v, x[idx], jax.random.fold_in(key, 0), 3)
+    p, h = mc_predict_rows(model, v, x, idx, jnp.int32(20), key, 3, block=20)
+    ref_p, ref_h = mc_predict(model, v, x[idx], jax.random.fold_in(key, 0), 3)
     # float32 probabilities in [0, 1] and entropies <= log 4 from two XLA programs: atol for
     # values near 0, rtol for the entropies near log 4 (a few float32 ulps).
     np.testing.assert_allclose(p, ref_p, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(h, ref_h, rtol=1e-5, atol=1e-6)
     # Padding the row (same block size) leaves the valid rows unchanged; padded rows are 0.
     padded = jnp.concatenate([idx, jnp.zeros(25, jnp.int32)])
-    p2, h2 = uncertainty.mc_predict_rows(model, v, x, padded, jnp.int32(20), key, 3, block=20)
+    p2, h2 = mc_predict_rows(model, v, x, padded, jnp.int32(20), key, 3, block=20)
     np.testing.assert_allclose(p2[:20], p, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(p2)[40:], 0.0)
