@@ -259,8 +259,7 @@ def replicas_vs_sequential(w: Workload, args, env: dict) -> list[dict]:
         size = chunk if chunk == "all" else int(chunk)
         seq_first, seq_round = 0.0, 0.0
         for seed in seeds:
-            alone = dataclasses.replace(exp, alg=dataclasses.replace(exp.alg, seed=seed))
-            runner = alone.runner(chunk=size)
+            runner = exp.runner(chunk=size, seed=seed)
             f, t, _ = time_rounds(runner, runner.init(), args.repeats)
             seq_first += f
             seq_round += float(np.median(t))

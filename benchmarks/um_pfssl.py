@@ -48,7 +48,7 @@ def stats_pass(alg, chunk):
         return alg.helper_stats(helpers, inp["hidx"], MC_STATS, inp, shared, mu)["corr"]
 
     def run(state, data):
-        _, inputs, shared = alg.prepare(state, data)
+        _, inputs, shared = alg.prepare(state, data, jax.random.PRNGKey(0))
         return cmap(one, inputs, shared)
 
     return jax.jit(run)

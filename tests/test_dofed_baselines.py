@@ -321,7 +321,6 @@ def test_fedfomo_downloads_follow_affinity(fomo):
     epsilon 0 that is each row's top M peers (self excluded, ties to the lower id); only
     uploaded peers are valid; round 1 has nothing to download."""
     exp, _, states, rows, _ = fomo
-    alg = exp.alg
     assert not rows[0]["download_valid"].any() and rows[0]["n_degenerate_rows"] == S
     uploaded = np.zeros(N, bool)
     for t in range(1, ROUNDS + 1):
@@ -329,7 +328,7 @@ def test_fedfomo_downloads_follow_affinity(fomo):
         cohort, ids = row["cohort"], row["download_ids"]
         # float32 0.3 - 0.05 (t - 1) cancels toward 0: abs for that, a few float32 ulps of 0.3.
         assert row["epsilon"] == pytest.approx(max(0.3 - 0.05 * (t - 1), 0.0), abs=1e-6)
-        key = round_key(alg.seed_key, ff.DOWNLOAD, t)
+        key = round_key(exp.key, ff.DOWNLOAD, t)
         replay = sim.fedfomo_choose_downloads(key, prev["affinity"], M, row["epsilon"])
         np.testing.assert_array_equal(ids, np.asarray(replay)[cohort])
         assert all(n not in ids[s] for s, n in enumerate(cohort))
@@ -381,7 +380,7 @@ def test_fedfomo_weights_update_and_affinity_by_hand(fomo):
         trained, _, _ = local_train(
             alg.objective, alg.tx, mixed, alg.tx.init(mixed["params"]), data.x, data.y,
             jax.tree.map(lambda x, n=n: x[n], table), alg.schedule,
-            client_key(alg.seed_key, ff.SAMPLE, t, n), client_key(alg.seed_key, ff.DROPOUT, t, n),
+            client_key(exp.key, ff.SAMPLE, t, n), client_key(exp.key, ff.DROPOUT, t, n),
         )  # fmt: skip
         want = row_of(after.client_vars, n)
         for x, y in zip(jax.tree.leaves(trained), jax.tree.leaves(want), strict=True):
@@ -396,7 +395,7 @@ def test_fedfomo_normalized_affinity_knob(fomo):
     """fedfomo_affinity=normalized adds the clipped, normalized weights instead of the raw."""
     exp = fomo[0]
     cfg = dataclasses.replace(exp.alg.cfg, fedfomo_affinity="normalized")
-    alg = ff.fedfomo(cfg, model=exp.model, num_clients=N, clients_per_round=S, seed=0)
+    alg = ff.fedfomo(cfg, model=exp.model, num_clients=N, clients_per_round=S)
     other = experiment.Experiment(exp.cfg, exp.dataset, exp.partition, exp.fed, exp.model, alg)
     states, rows, _ = run(other.runner(chunk="all", eval_chunk="all"), rounds=3)
     row, p0 = rows[-1], np.asarray(states[2].extra["affinity"]).copy()
@@ -421,11 +420,11 @@ def test_fedbe_ensemble_and_swa_distillation(be):
     mu = states[1].global_vars
     var = jax.tree.map(lambda a: jnp.asarray(np.abs(rng.normal(size=a.shape)) * 1e-3), mu["params"])
     clients = jax.tree.map(lambda a: jnp.stack([a, a + 1.0]), mu)
-    members = alg.ensemble(mu, var, clients, jnp.int32(2))
+    members = alg.ensemble(mu, var, clients, jnp.int32(2), exp.key)
     assert jax.tree.leaves(members)[0].shape[0] == 1 + SAMPLES + 2
     assert leaves_equal(row_of(members, 0), mu)
     assert leaves_equal(row_of(members, 1 + SAMPLES), row_of(clients, 0))
-    want = fb.gaussian_sample(round_key(alg.seed_key, fb.GAUSSIAN, 2), mu["params"], var, SAMPLES)
+    want = fb.gaussian_sample(round_key(exp.key, fb.GAUSSIAN, 2), mu["params"], var, SAMPLES)
     for s in range(SAMPLES):
         assert leaves_equal(row_of(members, 1 + s)["params"], row_of(want, s))
     assert all(r["ensemble_size"] == 1 + SAMPLES + S for r in rows)
@@ -434,7 +433,7 @@ def test_fedbe_ensemble_and_swa_distillation(be):
     targets = jax.nn.softmax(jnp.asarray(rng.normal(size=(pool.shape[0], 10)), jnp.float32))
     x, t = exp.fed.x, jnp.int32(2)
     distill = jax.jit(alg.distill)
-    got, losses = distill(mu, targets, pool, x, t)
+    got, losses = distill(mu, targets, pool, x, t, exp.key)
 
     @jax.jit
     def one_epoch(variables, opt, e):
@@ -442,8 +441,8 @@ def test_fedbe_ensemble_and_swa_distillation(be):
             alg.distill_objective, alg.distill_tx, variables, opt, x,
             jnp.full((x.shape[0],), -1, jnp.int32), RoleTable(pool, jnp.int32(pool.shape[0])),
             alg.distill_schedule,
-            jax.random.fold_in(round_key(alg.seed_key, fb.DISTILL_SAMPLE, t), e),
-            jax.random.fold_in(round_key(alg.seed_key, fb.DISTILL_DROPOUT, t), e),
+            jax.random.fold_in(round_key(exp.key, fb.DISTILL_SAMPLE, t), e),
+            jax.random.fold_in(round_key(exp.key, fb.DISTILL_DROPOUT, t), e),
             extras={"p": targets},
         )  # fmt: skip
 
@@ -456,8 +455,8 @@ def test_fedbe_ensemble_and_swa_distillation(be):
         np.testing.assert_allclose(np.asarray(a), b, atol=1e-5)
     assert float(losses[-1]) < float(losses[0])  # it does fit the targets
     cfg = dataclasses.replace(alg.cfg, fedbe_swa=False)
-    plain = fb.fedbe(cfg, model=exp.model, num_clients=N, clients_per_round=S, seed=0)
-    last, _ = jax.jit(plain.distill)(mu, targets, pool, x, t)
+    plain = fb.fedbe(cfg, model=exp.model, num_clients=N, clients_per_round=S)
+    last, _ = jax.jit(plain.distill)(mu, targets, pool, x, t, exp.key)
     for a, b in zip(jax.tree.leaves(last["params"]), jax.tree.leaves(snaps[2]), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
@@ -506,7 +505,7 @@ def test_clock_and_training_data(runs, name):
             assert len(cohort) == S
         comp = (n_tr + n_l) * S_TRAIN + (M + 1) * n_l * S_INFER * (name == "fedfomo")
         assert row["compute_time"] == pytest.approx(np.max(comp[cohort]), rel=1e-5)
-        rates = wl.sample_rates(round_key(exp.alg.seed_key, UPLOAD, t), (N,))
+        rates = wl.sample_rates(round_key(exp.key, UPLOAD, t), (N,))
         want = np.zeros(N)
         want[cohort] = m / np.asarray(rates)[cohort] * (name != "local")
         np.testing.assert_allclose(row["upload_times"], want, rtol=1e-5)
@@ -571,7 +570,7 @@ def test_bad_config_values_name_key_and_allowed(fomo, be, name, key, value, allo
     factory = ff.fedfomo if name == "fedfomo" else fb.fedbe
     cfg = dataclasses.replace(exp.alg.cfg, **{key: value})
     with pytest.raises(ConfigError, match=rf"algorithm\.{key}=.*{allowed}"):
-        factory(cfg, model=exp.model, num_clients=N, clients_per_round=S, seed=0)
+        factory(cfg, model=exp.model, num_clients=N, clients_per_round=S)
 
 
 def test_bad_config_through_the_cli_path_and_missing_roles(fomo, be):
@@ -579,20 +578,20 @@ def test_bad_config_through_the_cli_path_and_missing_roles(fomo, be):
         experiment.build(compose_config(*BE, "algorithm.fedbe_target=medium"))
     exp = be[0]
     cfg = dataclasses.replace(exp.alg.cfg, fedbe_pool="server")
-    alg = fb.fedbe(cfg, model=exp.model, num_clients=N, clients_per_round=S, seed=0)
+    alg = fb.fedbe(cfg, model=exp.model, num_clients=N, clients_per_round=S)
     with pytest.raises(ConfigError, match=r"fedbe_pool='server'.*no server set"):
-        alg.init(exp.fed)
+        alg.init(exp.key, exp.fed)
     roles = {k: v for k, v in exp.fed.roles.items() if k != "test"}
     for e in (fomo[0], exp):
         with pytest.raises(ConfigError, match=r"roles \['test'\].*partition=subset"):
-            e.alg.init(dataclasses.replace(e.fed, roles=roles))
+            e.alg.init(e.key, dataclasses.replace(e.fed, roles=roles))
 
 
 def test_seed_changes_partition_and_init(fomo):
     exp = fomo[0]
     other = experiment.build(compose_config(*FOMO, "seed=1"))
     assert not leaves_equal(
-        other.alg.init(other.fed).client_vars, exp.alg.init(exp.fed).client_vars
+        other.alg.init(other.key, other.fed).client_vars, exp.alg.init(exp.key, exp.fed).client_vars
     )
     assert not all(
         np.array_equal(a, b)
@@ -609,11 +608,11 @@ def test_shannon_mode_uses_dofed_spp_channels(fomo):
 
     exp = fomo[0]
     cfg = dataclasses.replace(exp.alg.cfg, wireless_mode="shannon", selection_k=3, selection_b=2)
-    alg = ff.fedfomo(cfg, model=exp.model, num_clients=N, clients_per_round=S, seed=0)
-    ref = dofed_spp(cfg, model=exp.model, num_clients=N, clients_per_round=N, seed=0)
-    extra = alg.init(exp.fed).extra
-    np.testing.assert_array_equal(extra["rate_mbps"], ref.shannon_rates())
+    alg = ff.fedfomo(cfg, model=exp.model, num_clients=N, clients_per_round=S)
+    ref = dofed_spp(cfg, model=exp.model, num_clients=N, clients_per_round=N)
+    extra = alg.init(exp.key, exp.fed).extra
+    np.testing.assert_array_equal(extra["rate_mbps"], ref.uplink.shannon_rates(exp.key, N))
     chosen = jnp.asarray([True, False, True, False, False, True])
-    total, _ = common.upload_time(cfg, alg.seed_key, alg.model_mb, chosen, jnp.int32(1), extra)
+    total, _ = alg.uplink.upload_time(exp.key, chosen, jnp.int32(1), extra)
     rates = np.asarray(extra["rate_mbps"])
     assert float(total) == pytest.approx(np.sum(alg.model_mb / rates[[0, 2, 5]]), rel=1e-5)

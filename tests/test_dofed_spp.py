@@ -165,7 +165,7 @@ def test_warmup_trains_reciprocal_models_only(tiny):
     """Phase 0: every R_n moved away from R0 (one shared init), T_n is still T0, R_prev = R0,
     all N uploaded (cache = R, cache_round 0) and the student scores like a random model."""
     exp, states, _, evals = tiny
-    init, warm = exp.alg.init(exp.fed), states[0]
+    init, warm = exp.alg.init(exp.key, exp.fed), states[0]
     rec0 = init.extra["rec"]
     assert all(np.ptp(np.asarray(a), axis=0).max() == 0 for a in jax.tree.leaves(rec0))
     for n in range(N):
@@ -306,7 +306,7 @@ def test_same_seed_identical_other_seed_differs_ac19(tiny_runner, tiny):
         )
     )
     assert not leaves_equal(
-        other.alg.init(other.fed).client_vars, exp.alg.init(exp.fed).client_vars
+        other.alg.init(other.key, other.fed).client_vars, exp.alg.init(exp.key, exp.fed).client_vars
     )
 
 
@@ -437,7 +437,7 @@ def test_every_knob_runs_and_is_used():
     breaks AC7's equality, the cache keeps the un-reduced uploads while PCA is on, and uploads
     take m / r_i at the fixed Shannon rates."""
     exp = experiment.build(compose_config(*TINY, *KNOBS))
-    init = exp.alg.init(exp.fed)
+    init = exp.alg.init(exp.key, exp.fed)
     for models in (init.client_vars, init.extra["rec"]):  # kernels differ (biases start at 0)
         kernels = [a for a in jax.tree.leaves(models["params"]) if a.ndim > 2]
         assert kernels and all(np.ptp(np.asarray(a), axis=0).max() > 0 for a in kernels)
@@ -484,8 +484,8 @@ def test_shannon_rates_and_uploads(tiny):
 
     exp, _, _, _ = tiny
     cfg = dataclasses.replace(exp.alg.cfg, wireless_mode="shannon")
-    alg = dofed_spp(cfg, model=exp.model, num_clients=N, clients_per_round=N, seed=0)
-    extra = alg.init(exp.fed).extra
+    alg = dofed_spp(cfg, model=exp.model, num_clients=N, clients_per_round=N)
+    extra = alg.init(exp.key, exp.fed).extra
     rates = np.asarray(extra["rate_mbps"])
 
     def rate(d):
@@ -493,7 +493,7 @@ def test_shannon_rates_and_uploads(tiny):
 
     assert ((rates >= rate(0.5) * (1 - 1e-5)) & (rates <= rate(0.05) * (1 + 1e-5))).all()
     chosen = jnp.asarray([True, False, True, False, False, True])
-    total, _ = alg.upload_time(chosen, 1, extra)
+    total, _ = alg.uplink.upload_time(exp.key, chosen, 1, extra)
     m = model_mb(exp)
     assert float(total) == pytest.approx(np.sum(m / rates[[0, 2, 5]]), rel=1e-5)
     # Budget mode's C3 is the mean upload time of one client.
@@ -529,7 +529,7 @@ def test_bad_config_values_name_key_and_allowed(tiny, key, value, allowed):
     exp = tiny[0]
     cfg = dataclasses.replace(exp.alg.cfg, **{key: value})
     with pytest.raises(ConfigError, match=rf"algorithm\.{key}=.*{allowed}"):
-        dofed_spp(cfg, model=exp.model, num_clients=N, clients_per_round=N, seed=0)
+        dofed_spp(cfg, model=exp.model, num_clients=N, clients_per_round=N)
 
 
 def test_bad_config_through_the_cli_path_and_missing_roles(tiny):
@@ -538,4 +538,4 @@ def test_bad_config_through_the_cli_path_and_missing_roles(tiny):
     exp = tiny[0]
     roles = {k: v for k, v in exp.fed.roles.items() if k != "test"}
     with pytest.raises(ConfigError, match=r"roles \['test'\].*partition=subset"):
-        exp.alg.init(dataclasses.replace(exp.fed, roles=roles))
+        exp.alg.init(exp.key, dataclasses.replace(exp.fed, roles=roles))

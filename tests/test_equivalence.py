@@ -135,8 +135,8 @@ def test_fedavg_with_one_client_is_centralized_sgd_ac19():
         state, _ = runner.round(state)
         variables, _, _ = local_train(
             alg.objective, alg.tx, variables, alg.tx.init(variables["params"]), data.x, data.y,
-            row, alg.schedule, client_key(alg.seed_key, SAMPLE, r, 0),
-            client_key(alg.seed_key, DROPOUT, r, 0),
+            row, alg.schedule, client_key(exp.key, SAMPLE, r, 0),
+            client_key(exp.key, DROPOUT, r, 0),
         )  # fmt: skip
         for a, b in zip(
             jax.tree.leaves(state.global_vars), jax.tree.leaves(variables), strict=True

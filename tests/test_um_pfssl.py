@@ -95,7 +95,7 @@ def test_helper_list_invariants_ac9_ac10_ac13(tiny):
 def test_warmup_trains_every_client(tiny):
     exp, states, _ = tiny
     assert int(states[0].extra["comm"]["warmup_uploads"]) == 6
-    w0 = exp.alg.init(exp.fed).client_vars
+    w0 = exp.alg.init(exp.key, exp.fed).client_vars
     moved = [
         float(np.abs(np.asarray(a) - np.asarray(b)).reshape(6, -1).max(1).min())
         for a, b in zip(jax.tree.leaves(states[0].client_vars), jax.tree.leaves(w0), strict=True)

@@ -6,6 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from fedjax_semi.algorithms import Algorithm, make_algorithm
@@ -38,8 +39,9 @@ class Experiment:
         eval_chunk=None,
         seeds=None,
         replica_chunk=None,
+        seed: int | None = None,
     ) -> Runner:
-        """The config's runner; arguments override hardware.* and the replica seeds."""
+        """The config's runner; arguments override hardware.*, the seed and the replica seeds."""
         h = self.cfg.hardware
         return Runner(
             self.alg,
@@ -50,12 +52,18 @@ class Experiment:
                 "hardware.eval_chunk", h.eval_chunk if eval_chunk is None else eval_chunk
             ),
             devices=num_devices(h.devices),
+            seed=self.cfg.seed if seed is None else seed,
             seeds=self.replica_seeds() if seeds is None else seeds,
             replica_chunk=parse_chunk(
                 "hardware.replica_chunk",
                 h.replica_chunk if replica_chunk is None else replica_chunk,
             ),
         )
+
+    @property
+    def key(self) -> jax.Array:
+        """The run's key (`seed`), from which every random draw of training derives."""
+        return jax.random.PRNGKey(self.cfg.seed)
 
     def replica_seeds(self) -> list[int] | None:
         """The seeds of the replica axis (`replicas` > 1), or None for a single run."""
@@ -226,7 +234,7 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
         model=model,
         num_clients=cfg.num_clients,
         clients_per_round=cfg.clients_per_round,
-        seed=cfg.seed,
+        data_seed=data_seed(cfg),
         eval_batch=cfg.hardware.eval_batch,
     )
     return Experiment(cfg, ds, part, fed, model, alg)

@@ -1,47 +1,31 @@
-"""The algorithm interface, the federated state, and the registry.
+"""The algorithm interface and the registry.
 
 A round is three pure, jittable phases, so the engine can compile it as one program or run the
-reference backend (a Python loop of per-client jitted calls) on the same code:
+reference backend (a Python loop of per-client jitted calls) on the same code. Every random
+draw derives from the run's key, passed in as an argument (never held by the method):
 
-    cohort, inputs, shared = alg.prepare(state, data)        # server: select, gather
-    outputs = map over clients: alg.client_update(input_i, shared)
-    state, metrics = alg.finish(state, cohort, outputs)      # server: aggregate, scatter
+    cohort, inputs, shared = alg.prepare(state, data, key)   # server: select, gather
+    outputs = map over clients: alg.client_update(input_i, shared)   # shared["key"] is `key`
+    state, metrics = alg.finish(state, cohort, outputs, key)  # server: aggregate, scatter
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from fedjax_semi.data.federated import FederatedData, TrainView
+from fedjax_semi.engine.clients import select_cohort
+from fedjax_semi.engine.state import FLState
 
 PyTree = Any
 Mapper = Callable[..., PyTree]  # mapper(fn, xs, *shared) -> stacked outputs
 
-
-@struct.dataclass
-class FLState:
-    """Federated state. Client-stacked leaves lead with [C] (the whole population).
-
-    round: int32 [] rounds completed.
-    global_vars: the server model's variables ({'params', maybe 'batch_stats'}).
-    client_vars: [C]-stacked variables of clients with personal leaves, or {}.
-    client_opt: [C]-stacked optimizer states when they persist across rounds, or {}.
-    sim_time: float32 [] simulated clock in seconds (systems models advance it).
-    extra: method-specific state.
-    """
-
-    round: jax.Array
-    global_vars: PyTree
-    client_vars: PyTree
-    client_opt: PyTree
-    sim_time: jax.Array
-    extra: PyTree
+# A fixed key for shapes only (jax.eval_shape of a model's init): no value is drawn from it.
+SHAPE_KEY = jax.random.PRNGKey(0)
 
 
 class Algorithm(Protocol):
@@ -50,14 +34,16 @@ class Algorithm(Protocol):
     oracle: bool  # reads the labels of unlabeled data (fully supervised references only)
     has_global_model: bool
 
-    def init(self, fed: FederatedData) -> FLState: ...
+    def init(self, key: jax.Array, fed: FederatedData) -> FLState: ...
 
-    def prepare(self, state: FLState, data: TrainView) -> tuple[jax.Array, PyTree, PyTree]: ...
+    def prepare(
+        self, state: FLState, data: TrainView, key: jax.Array
+    ) -> tuple[jax.Array, PyTree, PyTree]: ...
 
     def client_update(self, inputs: PyTree, shared: PyTree) -> PyTree: ...
 
     def finish(
-        self, state: FLState, cohort: jax.Array, outputs: PyTree
+        self, state: FLState, cohort: jax.Array, outputs: PyTree, key: jax.Array
     ) -> tuple[FLState, dict]: ...
 
     def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict: ...
@@ -67,14 +53,14 @@ class Capabilities:
     """The optional parts of a round, declared by every method (the engine never probes for
     them). The defaults are a method without them; a method that has one overrides it.
 
-    has_warmup: `warmup(state, data, mapper)` runs once before round 1.
+    has_warmup: `warmup(state, data, mapper, key)` runs once before round 1.
     round_flags(t): hashable per-round switches of round t, compiled as static arguments.
     client_update_for(flags): the client function of a round with those switches.
     """
 
     has_warmup: ClassVar[bool] = False
 
-    def warmup(self, state: FLState, data: TrainView, mapper: Mapper) -> FLState:
+    def warmup(self, state: FLState, data: TrainView, mapper: Mapper, key: jax.Array) -> FLState:
         raise NotImplementedError(f"{type(self).__name__} declares no warm-up")
 
     def round_flags(self, t: int) -> tuple:
@@ -82,6 +68,12 @@ class Capabilities:
 
     def client_update_for(self, flags: tuple) -> Callable[[PyTree, PyTree], PyTree]:
         return self.client_update  # type: ignore[attr-defined]
+
+    def sample_cohort(self, key: jax.Array, rnd: jax.Array) -> jax.Array:
+        """Round `rnd`'s cohort: `select_cohort` with the method's sizes and
+        `cfg.cohort_sampler`. int32 [S]."""
+        n, s = self.num_clients, self.clients_per_round  # type: ignore[attr-defined]
+        return select_cohort(key, rnd, n, s, self.cfg.cohort_sampler)  # type: ignore[attr-defined]
 
 
 def _client_finite(stacked) -> jax.Array:
@@ -132,31 +124,3 @@ def make_algorithm(name: str, **kwargs) -> Algorithm:
     if name not in ALGORITHMS:
         raise ValueError(f"algorithm.name={name!r} is not allowed: one of {algorithm_names()}")
     return ALGORITHMS[name](**kwargs)
-
-
-@contextlib.contextmanager
-def seeded(alg: Any, seed: int | None = None, key: jax.Array | None = None) -> Iterator[Any]:
-    """Run `alg` as if it had been built with another seed, for the block.
-
-    Every random draw of an algorithm derives from `alg.seed_key` (and, on the host at `init`,
-    from `alg.seed`), read when a method runs or is traced. `seed` swaps both (host-side init);
-    `key` swaps the key alone, and may be a tracer: that is how one compiled round maps a
-    leading replica axis of seeds (engine/simulate.py `Runner`, `replicas`)."""
-    saved = alg.seed, alg.seed_key
-    if seed is not None:
-        alg.seed, alg.seed_key = seed, jax.random.PRNGKey(seed)
-    if key is not None:
-        alg.seed_key = key
-    try:
-        yield alg
-    finally:
-        alg.seed, alg.seed_key = saved
-
-
-def sample_cohort(alg: Any, rnd: jax.Array) -> jax.Array:
-    """Round `rnd`'s cohort of `alg`: `select_cohort` with the algorithm's seed, sizes and
-    `cfg.cohort_sampler`. int32 [S]."""
-    from fedjax_semi.engine.clients import select_cohort
-
-    n, s, sampler = alg.num_clients, alg.clients_per_round, alg.cfg.cohort_sampler
-    return select_cohort(alg.seed_key, rnd, n, s, sampler)

@@ -27,6 +27,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from fedjax_semi.algorithms.dofed_spp import (  # noqa: F401 (re-exported for the baselines)
     DOFED_ROLES,
@@ -38,13 +39,29 @@ from fedjax_semi.algorithms.dofed_spp import (  # noqa: F401 (re-exported for th
 )
 from fedjax_semi.config import AlgorithmConfig, ConfigError, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable
-from fedjax_semi.engine.keys import CHANNEL, UPLOAD, round_key
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
 
 PyTree = Any
 
 TRAIN_DATA = ("train_and_lab", "train")
+
+
+@struct.dataclass
+class TargetPlan:
+    """What a baseline's server keeps from `prepare` for `finish` on DoFed-SPP's tasks: the
+    clock's inputs and the rows every client labels (Sec. IV's pseudo-label accuracy).
+
+    cohort: int32 [S] the participants.
+    n_train: int32 [S] the rows each participant trains on (its compute time).
+    unl: RoleTable [N, Du] every client's unlabeled target rows.
+    x: the inputs [D, ...] the rows index.
+    """
+
+    cohort: jax.Array
+    n_train: jax.Array
+    unl: RoleTable
+    x: jax.Array
 
 
 def is_target_task(roles: dict) -> bool:
@@ -86,40 +103,6 @@ def training_table(roles: dict[str, RoleTable], mode: str) -> RoleTable:
 # ----------------------------------------------------------------------------- clock
 
 
-def shannon_rates(cfg: AlgorithmConfig, seed_key: jax.Array, n: int) -> jax.Array:
-    """Eq. 8 rates in MB/s [N] at per-client distances ~ U[wireless_distance_km], drawn from
-    DoFed-SPP's channel stream: the same client gets the same channel under every method."""
-    lo, hi = cfg.wireless_distance_km
-    dist = jax.random.uniform(round_key(seed_key, CHANNEL, 0), (n,), jnp.float32, lo, hi)
-    return wireless.shannon_rate_mbps(
-        cfg.wireless_bandwidth_hz,
-        wireless.path_loss_gain(dist),
-        cfg.wireless_power_w,
-        wireless.dbm_to_watt(cfg.wireless_noise_dbm_hz),
-    )
-
-
-def upload_time(
-    cfg: AlgorithmConfig,
-    seed_key: jax.Array,
-    model_mb: float,
-    chosen: jax.Array,
-    t: jax.Array,
-    extra: dict,
-) -> tuple[jax.Array, jax.Array]:
-    """Round t's uploads, chosen [N] bool -> (sum of m / r_i, per-client seconds [N])."""
-    if cfg.wireless_mode == "empirical":
-        return wireless.round_upload_time(
-            chosen,
-            model_mb,
-            key=round_key(seed_key, UPLOAD, t),
-            rate_range=tuple(cfg.wireless_rate_mbps),
-        )
-    return wireless.round_upload_time(
-        chosen, model_mb, mode="shannon", rate_mbps=extra["rate_mbps"]
-    )
-
-
 def participant_compute_time(
     cfg: AlgorithmConfig, n_train: jax.Array, n_infer: jax.Array | int = 0
 ) -> jax.Array:
@@ -127,11 +110,6 @@ def participant_compute_time(
     train = wireless.compute_time(n_train, cfg.time_sec_per_train_sample, cfg.local_epochs)
     infer = wireless.compute_time(n_infer, cfg.time_sec_per_infer_sample)
     return jnp.max(train + infer)
-
-
-def clock_extra(cfg: AlgorithmConfig, seed_key: jax.Array, n: int) -> dict:
-    """State entries the clock needs: the fixed Shannon rates, if that mode is on."""
-    return {"rate_mbps": shannon_rates(cfg, seed_key, n)} if cfg.wireless_mode == "shannon" else {}
 
 
 # ----------------------------------------------------------------------------- labels, scores

@@ -35,8 +35,10 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from fedjax_semi.algorithms.base import (
+    SHAPE_KEY,
     Capabilities,
     FLState,
     Mapper,
@@ -48,17 +50,14 @@ from fedjax_semi.config import AlgorithmConfig, ConfigError, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import broadcast, gather
 from fedjax_semi.engine.keys import (
-    CHANNEL,
     INIT,
     REC_DROPOUT,
     REC_SAMPLE,
     TAR_DROPOUT,
     TAR_SAMPLE,
-    UPLOAD,
     WARM_DROPOUT,
     WARM_SAMPLE,
     client_key,
-    round_key,
 )
 from fedjax_semi.engine.train import (
     LocalObjective,
@@ -70,6 +69,7 @@ from fedjax_semi.engine.train import (
 from fedjax_semi.kernels import similarity as sim
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
+from fedjax_semi.systems.uplink import Uplink
 
 PyTree = Any
 
@@ -109,13 +109,37 @@ def low_rank(variables: PyTree, rank: int) -> PyTree:
     return {**variables, "params": jax.tree.map(leaf, variables["params"])}
 
 
+@struct.dataclass
+class DoFedPlan:
+    """prepare -> finish at the base station (Algorithm 2's Phase 1 -> Phase 4).
+
+    cohort: int32 [N] everyone; sel: the uploader selection; budget: Eq. 26's (C1, C2, C3) in
+    budget mode, else (); cache / shown: the cache after this round's uploads [N] and the
+    models each client is shown; cache_round: int32 [N] the round of each cached model;
+    label_degenerate: bool [N] rows whose labeling weights fell back to uniform; counts: the
+    valid sizes [N] of D_train, D_lab, D_unl; lab: D_lab [N, Dl]; x, y: the visible data.
+    """
+
+    cohort: jax.Array
+    sel: sim.Selection
+    budget: tuple
+    cache: PyTree
+    shown: PyTree
+    cache_round: jax.Array
+    label_degenerate: jax.Array
+    counts: tuple
+    lab: RoleTable
+    x: jax.Array
+    y: jax.Array
+
+
 @dataclasses.dataclass
 class DoFedSPP(Capabilities):
     cfg: AlgorithmConfig
     model: Model
     num_clients: int
     clients_per_round: int  # not used: every client trains every round
-    seed: int
+    data_seed: int = 0  # host-side draws of the data (unused here)
     eval_batch: int = 1000
     name: str = "dofed_spp"
     roles: tuple[str, ...] = ("labeled", "target_labeled", "target_unlabeled", "test")
@@ -124,15 +148,15 @@ class DoFedSPP(Capabilities):
 
     def __post_init__(self) -> None:
         c = self.cfg
-        self.seed_key = jax.random.PRNGKey(self.seed)
         self.objective = LocalObjective(self.model)  # CE; the student's labels come as extras
         self.evaluator = client_evaluator(self.model, per_client=True)
         self.tx_rec = make_optimizer(c.optimizer, c.lr, c.momentum, c.weight_decay)
         self.tx_tar = make_optimizer(c.optimizer, c.lr_tar, c.momentum, c.weight_decay)
         self.schedule_rec = Schedule(c.batch_size, c.local_epochs, c.local_steps)
         self.schedule_tar = Schedule(c.batch_size, c.local_epochs_tar, 0)
-        template = jax.eval_shape(self.model.init, self.seed_key)
+        template = jax.eval_shape(self.model.init, SHAPE_KEY)
         self.model_mb = wireless.model_size_mb(wireless.param_count(template["params"]))
+        self.uplink = Uplink.from_config(c, self.model_mb)
         self.gamma = c.lr if c.sr_gamma is None else c.sr_gamma
         self.budget_mode = c.selection_mode == "budget"
         # Labeling slots per client: B in fixed mode; all N (zero weights) when B varies.
@@ -140,7 +164,7 @@ class DoFedSPP(Capabilities):
 
     # ------------------------------------------------------------------ state
 
-    def init(self, fed: FederatedData) -> FLState:
+    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
         """R0 and T0 (one shared init each by default, spec 2.1); S uniform until Phase 0."""
         need = {*data_roles(fed.roles), "test"}
         missing = sorted(need - set(fed.roles))
@@ -154,8 +178,8 @@ class DoFedSPP(Capabilities):
 
         def init_models(kind: int):
             if self.cfg.init_mode == "shared":
-                return broadcast(self.model.init(client_key(self.seed_key, INIT, kind, 0)), n)
-            keys = jax.vmap(lambda i: client_key(self.seed_key, INIT, kind, i))(jnp.arange(n))
+                return broadcast(self.model.init(client_key(key, INIT, kind, 0)), n)
+            keys = jax.vmap(lambda i: client_key(key, INIT, kind, i))(jnp.arange(n))
             return jax.vmap(self.model.init)(keys)
 
         rec0, tar0 = init_models(0), init_models(1)
@@ -167,8 +191,7 @@ class DoFedSPP(Capabilities):
             "sr": jnp.full((n, n), 1.0 / n, jnp.float32),
             "comm": {"uploads": jnp.int32(0), "warmup_uploads": jnp.int32(0)},
         }
-        if self.cfg.wireless_mode == "shannon":
-            extra["rate_mbps"] = self.shannon_rates()
+        extra.update(self.uplink.init_state(key, n))  # Shannon mode's fixed rates
         return FLState(
             round=jnp.zeros((), jnp.int32),
             global_vars={},  # no server model: the BS only relays uploads
@@ -178,28 +201,15 @@ class DoFedSPP(Capabilities):
             extra=extra,
         )
 
-    def shannon_rates(self) -> jax.Array:
-        """Eq. 8 rates in MB/s [N], each client at a fixed distance ~ U[distance_km] (spec 3.6)."""
-        c = self.cfg
-        lo, hi = c.wireless_distance_km
-        key = round_key(self.seed_key, CHANNEL, 0)
-        dist = jax.random.uniform(key, (self.num_clients,), jnp.float32, lo, hi)
-        return wireless.shannon_rate_mbps(
-            c.wireless_bandwidth_hz,
-            wireless.path_loss_gain(dist),
-            c.wireless_power_w,
-            wireless.dbm_to_watt(c.wireless_noise_dbm_hz),
-        )
-
     # ------------------------------------------------------------------ Phase 0
 
     has_warmup: ClassVar[bool] = True
 
-    def warmup(self, state: FLState, data: TrainView, mapper: Mapper) -> FLState:
+    def warmup(self, state: FLState, data: TrainView, mapper: Mapper, key: jax.Array) -> FLState:
         """Algorithm 2 lines 1-12: L rounds of reciprocal training, all N upload, first SRs."""
         n, ex, roles = self.num_clients, state.extra, data_roles(data.roles)
         inputs = {"id": jnp.arange(n), "rec": ex["rec"], "train": data.roles[roles.train]}
-        rec = mapper(self.warmup_client, inputs, {"x": data.x, "y": data.y})
+        rec = mapper(self.warmup_client, inputs, {"x": data.x, "y": data.y, "key": key})
         everyone = jnp.ones((n,), bool)
         cache, cache_round = sim.upload_to_cache(ex["cache"], rec, everyone, ex["cache_round"], 0)
         # Scored: the fresh uploads; target: the untrained T0; distance reference: R0.
@@ -207,7 +217,7 @@ class DoFedSPP(Capabilities):
             cache, self.broadcast(cache), rec, ex["rec"], state.client_vars,
             data.x, data.y, data.roles[roles.lab], None,
         )  # fmt: skip
-        t_up, _ = self.upload_time(everyone, 0, ex)
+        t_up, _ = self.uplink.upload_time(key, everyone, 0, ex)
         t_comp = wireless.phase0_compute_time(
             data.roles[roles.train].count,
             data.roles[roles.lab].count,
@@ -228,7 +238,8 @@ class DoFedSPP(Capabilities):
     def warmup_client(self, inp: dict, shared: dict) -> PyTree:
         """L rounds of local reciprocal training of one client: R0 -> R^L (no communication).
 
-        inp: id [], rec (one model), train (RoleTable row [Dtr]); shared: x, y (visible labels).
+        inp: id [], rec (one model), train (RoleTable row [Dtr]); shared: x, y (visible labels),
+        key.
         """
         cid = inp["id"]
 
@@ -242,8 +253,8 @@ class DoFedSPP(Capabilities):
                 shared["y"],
                 inp["train"],
                 self.schedule_rec,
-                client_key(self.seed_key, WARM_SAMPLE, r, cid),
-                client_key(self.seed_key, WARM_DROPOUT, r, cid),
+                client_key(shared["key"], WARM_SAMPLE, r, cid),
+                client_key(shared["key"], WARM_DROPOUT, r, cid),
             )
             return variables, stats["loss"]
 
@@ -267,13 +278,11 @@ class DoFedSPP(Capabilities):
             epochs_rec=c.local_epochs, epochs_tar=c.local_epochs_tar,
         )  # fmt: skip
         per_label_model = jnp.max(wireless.compute_time(n_unl, c.time_sec_per_infer_sample))
-        if c.wireless_mode == "empirical":
-            rate_range = tuple(c.wireless_rate_mbps)
-            per_upload = self.model_mb * wireless.expected_inverse_rate(rate_range)
-        else:  # the mean upload time of one client
-            per_upload = jnp.mean(self.model_mb / extra["rate_mbps"])
         return wireless.budget_constants(
-            c.selection_time_per_round_s, fixed, per_label_model, per_upload
+            c.selection_time_per_round_s,
+            fixed,
+            per_label_model,
+            self.uplink.mean_upload_time(extra),
         )
 
     def select(
@@ -289,7 +298,9 @@ class DoFedSPP(Capabilities):
         k, b = jnp.int32(c.selection_k), jnp.int32(c.selection_b)
         return sim.Selection(chosen, x, value, k, b, jnp.bool_(False)), ()
 
-    def prepare(self, state: FLState, data: TrainView) -> tuple[dict, dict, dict]:
+    def prepare(
+        self, state: FLState, data: TrainView, key: jax.Array
+    ) -> tuple[DoFedPlan, dict, dict]:
         """Phase 1 at the BS: select, upload into the cache, hand each client the ids [S] and
         weights [S] of the models it labels with (S = B, or N in budget mode)."""
         t, ex, n = state.round + 1, state.extra, self.num_clients
@@ -316,21 +327,21 @@ class DoFedSPP(Capabilities):
             "unl": unl,
         }
         shown = self.broadcast(cache)
-        shared = {"cache": shown, "x": data.x, "y": data.y, "round": t}
+        shared = {"cache": shown, "x": data.x, "y": data.y, "round": t, "key": key}
         # The server's round plan, handed to `finish` (in place of a cohort: everyone takes part).
-        plan = {
-            "cohort": jnp.arange(n),
-            "sel": sel,
-            "budget": consts,
-            "cache": cache,
-            "shown": shown,
-            "cache_round": cache_round,
-            "label_degenerate": label_degenerate,
-            "counts": counts,
-            "lab": lab,
-            "x": data.x,
-            "y": data.y,
-        }
+        plan = DoFedPlan(
+            cohort=jnp.arange(n),
+            sel=sel,
+            budget=consts,
+            cache=cache,
+            shown=shown,
+            cache_round=cache_round,
+            label_degenerate=label_degenerate,
+            counts=counts,
+            lab=lab,
+            x=data.x,
+            y=data.y,
+        )
         return plan, inputs, shared
 
     def broadcast(self, cache: PyTree) -> PyTree:
@@ -375,8 +386,8 @@ class DoFedSPP(Capabilities):
             y,
             RoleTable(idx, unl.count + lab.count),
             self.schedule_tar,
-            client_key(self.seed_key, TAR_SAMPLE, t, cid),
-            client_key(self.seed_key, TAR_DROPOUT, t, cid),
+            client_key(shared["key"], TAR_SAMPLE, t, cid),
+            client_key(shared["key"], TAR_DROPOUT, t, cid),
             extras={"y": labels[0][order]},  # replaces the batch labels: pseudo + true
         )
 
@@ -390,8 +401,8 @@ class DoFedSPP(Capabilities):
             y,
             train,
             self.schedule_rec,
-            client_key(self.seed_key, REC_SAMPLE, t, cid),
-            client_key(self.seed_key, REC_DROPOUT, t, cid),
+            client_key(shared["key"], REC_SAMPLE, t, cid),
+            client_key(shared["key"], REC_DROPOUT, t, cid),
         )
         return {
             "tar": tar,
@@ -456,36 +467,21 @@ class DoFedSPP(Capabilities):
             degenerate=c.sr_degenerate,
         )
 
-    def upload_time(
-        self, chosen: jax.Array, t: jax.Array | int, extra: dict
-    ) -> tuple[jax.Array, jax.Array]:
-        """Round t's uploads, chosen [N] bool -> (sum of m / r_i, per-client seconds [N]) (spec
-        2.8): fresh U[rate] draws keyed on (seed, t), or the fixed Shannon rates."""
-        c = self.cfg
-        if c.wireless_mode == "empirical":
-            return wireless.round_upload_time(
-                chosen,
-                self.model_mb,
-                key=round_key(self.seed_key, UPLOAD, t),
-                rate_range=tuple(c.wireless_rate_mbps),
-            )
-        return wireless.round_upload_time(
-            chosen, self.model_mb, mode="shannon", rate_mbps=extra["rate_mbps"]
-        )
-
-    def finish(self, state: FLState, plan: dict, out: dict) -> tuple[FLState, dict]:
+    def finish(
+        self, state: FLState, plan: DoFedPlan, out: dict, key: jax.Array
+    ) -> tuple[FLState, dict]:
         """Phase 4 at the BS: the new SR matrix, R_prev <- R, the clock, the round's metrics."""
         c, ex, n = self.cfg, state.extra, self.num_clients
-        t, sel = state.round + 1, plan["sel"]
+        t, sel = state.round + 1, plan.sel
         # Phase 4 (line 32): SRs of the fresh cache, against R_prev, before R moves on.
         target = state.client_vars if c.sr_target_version == "pre_update" else out["tar"]
         sr, degenerate = self.similarity(
-            plan["cache"], plan["shown"], ex["rec"], ex["rec_prev"], target,
-            plan["x"], plan["y"], plan["lab"], ex["sr"],
+            plan.cache, plan.shown, ex["rec"], ex["rec_prev"], target,
+            plan.x, plan.y, plan.lab, ex["sr"],
         )  # fmt: skip
-        t_up, per_upload = self.upload_time(sel.chosen, t, ex)
+        t_up, per_upload = self.uplink.upload_time(key, sel.chosen, t, ex)
         t_comp = wireless.dofed_compute_time(
-            *plan["counts"], n, sel.b,
+            *plan.counts, n, sel.b,
             sec_per_train_sample=c.time_sec_per_train_sample,
             sec_per_infer_sample=c.time_sec_per_infer_sample,
             epochs_rec=c.local_epochs, epochs_tar=c.local_epochs_tar,
@@ -496,12 +492,12 @@ class DoFedSPP(Capabilities):
             ex,
             rec=out["rec"],
             rec_prev=ex["rec"],
-            cache=plan["cache"],
-            cache_round=plan["cache_round"],
+            cache=plan.cache,
+            cache_round=plan.cache_round,
             sr=sr,
             comm=comm,
         )
-        metrics = cohort_metrics(plan["cohort"], out, {"tar": out["tar"], "rec": out["rec"]})
+        metrics = cohort_metrics(plan.cohort, out, {"tar": out["tar"], "rec": out["rec"]})
         metrics["client_finite"] &= jnp.isfinite(out["rec_loss"])
         p = jnp.clip(sr, 1e-12, 1.0)
         metrics.update(
@@ -518,20 +514,18 @@ class DoFedSPP(Capabilities):
             compute_time=t_comp,
             rec_loss=jnp.mean(out["rec_loss"]),
             n_degenerate_rows=jnp.sum(degenerate).astype(jnp.int32),
-            n_label_degenerate=jnp.sum(plan["label_degenerate"]).astype(jnp.int32),
+            n_label_degenerate=jnp.sum(plan.label_degenerate).astype(jnp.int32),
             sr_self=jnp.mean(jnp.diagonal(sr)),
             sr_entropy=jnp.mean(-jnp.sum(jnp.where(sr > 0, sr * jnp.log(p), 0.0), axis=1)),
             # A24: how much of each client's SR mass the uploaded set covered.
             sr_mass_uploaded=jnp.mean(jnp.sum(jnp.where(sel.chosen, ex["sr"], 0.0), axis=1)),
             sr_mass_uploaded_min=jnp.min(jnp.sum(jnp.where(sel.chosen, ex["sr"], 0.0), axis=1)),
-            cache_age=jnp.mean((t - plan["cache_round"]).astype(jnp.float32)),
+            cache_age=jnp.mean((t - plan.cache_round).astype(jnp.float32)),
             pl_index=out["pl_index"],
             pl_label=out["pl_label"],
         )
         if self.budget_mode:
-            metrics.update(
-                zip(("budget_c1", "budget_c2", "budget_c3"), plan["budget"], strict=True)
-            )
+            metrics.update(zip(("budget_c1", "budget_c2", "budget_c3"), plan.budget, strict=True))
         new_state = state.replace(
             round=t,
             client_vars=out["tar"],

@@ -28,16 +28,17 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from fedjax_semi.algorithms import dofed_baselines as dofed
 from fedjax_semi.algorithms.base import (
+    SHAPE_KEY,
     Capabilities,
     FLState,
     Mapper,
     client_accuracy,
     cohort_metrics,
     register,
-    sample_cohort,
 )
 from fedjax_semi.config import AlgorithmConfig, bad
 from fedjax_semi.data.federated import FederatedData, TrainView
@@ -54,6 +55,16 @@ from fedjax_semi.engine.train import (
 )
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
+from fedjax_semi.systems.uplink import Uplink
+
+
+@struct.dataclass
+class FedAvgPlan:
+    """prepare -> finish: the cohort int32 [S], and on DoFed-SPP's tasks what its clock and
+    labels need (else None)."""
+
+    cohort: jax.Array
+    target: dofed.TargetPlan | None = None
 
 
 @dataclasses.dataclass
@@ -62,7 +73,7 @@ class FedAvgFamily(Capabilities):
     model: Model
     num_clients: int
     clients_per_round: int
-    seed: int
+    data_seed: int = 0  # host-side draws of the data (unused here)
     eval_batch: int = 1000
     name: str = "fedavg"
     primary: str = "labeled"  # the role local epochs run over
@@ -73,7 +84,6 @@ class FedAvgFamily(Capabilities):
 
     def __post_init__(self) -> None:
         c = self.cfg
-        self.seed_key = jax.random.PRNGKey(self.seed)
         self.tx = make_optimizer(c.optimizer, c.lr, c.momentum, c.weight_decay)
         self.schedule = Schedule(c.batch_size, c.local_epochs, c.local_steps)
         self.objective = LocalObjective(
@@ -83,7 +93,7 @@ class FedAvgFamily(Capabilities):
             pl_threshold=c.pl_threshold,
             fixmatch=self.fixmatch,
         )
-        template = jax.eval_shape(self.model.init, self.seed_key)
+        template = jax.eval_shape(self.model.init, SHAPE_KEY)
         self.mask = aggregate.share_mask(template, c.shared)
         self.personal = not aggregate.all_shared(self.mask)
         # The server holds a whole usable model only when every leaf is shared (FedBN, FedPer,
@@ -94,15 +104,16 @@ class FedAvgFamily(Capabilities):
         self.global_eval_model = self.model.with_conv("xla")
         self.unlabeled_batch = c.unlabeled_batch_ratio * c.batch_size if self.pseudo_labels else 0
         self.model_mb = wireless.model_size_mb(wireless.param_count(template["params"]))
+        self.uplink = Uplink.from_config(c, self.model_mb)  # DoFed-SPP's tasks' clock
 
     # ------------------------------------------------------------------ state
 
-    def init(self, fed: FederatedData) -> FLState:
+    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
         clock = {}
         if dofed.is_target_task(fed.roles):
             dofed.check_common(self.cfg, self.name)
-            clock = dofed.clock_extra(self.cfg, self.seed_key, self.num_clients)
-        gv = self.model.init(client_key(self.seed_key, INIT, 0, 0))
+            clock = self.uplink.init_state(key, self.num_clients)
+        gv = self.model.init(client_key(key, INIT, 0, 0))
         n = self.num_clients
         client_vars = broadcast(gv, n) if self.personal else {}
         client_opt = broadcast(self.tx.init(gv["params"]), n) if self.cfg.persist_optimizer else {}
@@ -119,12 +130,12 @@ class FedAvgFamily(Capabilities):
 
     # ------------------------------------------------------------------ one round
 
-    def prepare(self, state: FLState, data: TrainView):
+    def prepare(self, state: FLState, data: TrainView, key: jax.Array):
         target = dofed.is_target_task(data.roles)
         if target and not self.communicates:  # DoFed-SPP's Local: every client, every round
             cohort = jnp.arange(self.num_clients)
         else:
-            cohort = sample_cohort(self, state.round)
+            cohort = self.sample_cohort(key, state.round)
         if target:
             table = dofed.training_table(data.roles, self.cfg.baseline_train_data)
         else:
@@ -137,12 +148,18 @@ class FedAvgFamily(Capabilities):
         }
         if self.pseudo_labels:
             inputs["utable"] = data.roles["unlabeled"].take(cohort)
-        shared = {"global": state.global_vars, "x": data.x, "y": data.y, "round": state.round}
+        shared = {
+            "global": state.global_vars,
+            "x": data.x,
+            "y": data.y,
+            "round": state.round,
+            "key": key,
+        }
         if target:  # what the clock and the labels need in `finish`
             unl = data.roles[dofed.data_roles(data.roles).unl]
-            plan = {"cohort": cohort, "n_train": table.count[cohort], "unl": unl, "x": data.x}
-            return plan, inputs, shared
-        return cohort, inputs, shared
+            target = dofed.TargetPlan(cohort, table.count[cohort], unl, data.x)
+            return FedAvgPlan(cohort, target), inputs, shared
+        return FedAvgPlan(cohort), inputs, shared
 
     def client_update(self, inp, shared):
         c, rnd, cid = self.cfg, shared["round"], inp["id"]
@@ -159,8 +176,8 @@ class FedAvgFamily(Capabilities):
             shared["y"],
             inp["table"],
             self.schedule,
-            client_key(self.seed_key, SAMPLE, rnd, cid),
-            client_key(self.seed_key, DROPOUT, rnd, cid),
+            client_key(shared["key"], SAMPLE, rnd, cid),
+            client_key(shared["key"], DROPOUT, rnd, cid),
             anchor=shared["global"]["params"],
             utable=inp.get("utable"),
             unlabeled_batch=self.unlabeled_batch,
@@ -175,9 +192,9 @@ class FedAvgFamily(Capabilities):
             **stats,
         }
 
-    def finish(self, state: FLState, plan, out):
+    def finish(self, state: FLState, plan: FedAvgPlan, out, key: jax.Array):
         c = self.cfg
-        cohort = plan["cohort"] if isinstance(plan, dict) else plan
+        cohort = plan.cohort
         new_global = aggregate.server_update(
             state.global_vars, out["vars"], out["weight"], self.mask, c.server_lr
         )
@@ -197,31 +214,38 @@ class FedAvgFamily(Capabilities):
             client_opt=client_opt,
             extra={**state.extra, "comm": comm},
         )
-        if isinstance(plan, dict):
-            return self.target_task_round(state, new_state, plan, metrics)
+        if plan.target is not None:
+            return self.target_task_round(state, new_state, plan.target, metrics, key)
         return new_state, metrics
 
-    def target_task_round(self, old: FLState, state: FLState, plan: dict, metrics: dict):
+    def target_task_round(
+        self,
+        old: FLState,
+        state: FLState,
+        plan: dofed.TargetPlan,
+        metrics: dict,
+        key: jax.Array,
+    ):
         """DoFed-SPP's clock (spec 2.8) and labels (spec 3.7) for this round: the slowest
         participant's E t_train(|D_train| + |D_lab|) plus m / r_i per upload, and every client's
         model's hard predictions on its D_unl [N, Du]."""
         c, t = self.cfg, state.round
-        chosen = jnp.zeros((self.num_clients,), bool).at[plan["cohort"]].set(self.communicates)
-        t_up, per_upload = dofed.upload_time(c, self.seed_key, self.model_mb, chosen, t, old.extra)
-        t_comp = dofed.participant_compute_time(c, plan["n_train"])
+        chosen = jnp.zeros((self.num_clients,), bool).at[plan.cohort].set(self.communicates)
+        t_up, per_upload = self.uplink.upload_time(key, chosen, t, old.extra)
+        t_comp = dofed.participant_compute_time(c, plan.n_train)
         if self.personal:
             models = jax.vmap(lambda p: self.client_model(state.global_vars, p))(state.client_vars)
         else:
             models = state.global_vars
         labels = dofed.predict_labels(
-            self.model, models, plan["x"], plan["unl"], per_client=self.personal
+            self.model, models, plan.x, plan.unl, per_client=self.personal
         )
         metrics = dict(
             metrics,
             upload_time=t_up,
             upload_times=per_upload,
             compute_time=t_comp,
-            pl_index=plan["unl"].idx,
+            pl_index=plan.unl.idx,
             pl_label=labels,
         )
         return state.replace(sim_time=wireless.advance_clock(old.sim_time, t_comp, t_up)), metrics

@@ -35,12 +35,12 @@ import numpy as np
 
 from fedjax_semi.algorithms import dofed_baselines as common
 from fedjax_semi.algorithms.base import (
+    SHAPE_KEY,
     Capabilities,
     FLState,
     Mapper,
     cohort_metrics,
     register,
-    sample_cohort,
 )
 from fedjax_semi.algorithms.dofed_spp import data_roles
 from fedjax_semi.config import AlgorithmConfig, ConfigError, bad
@@ -68,6 +68,7 @@ from fedjax_semi.engine.train import (
 )
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
+from fedjax_semi.systems.uplink import Uplink
 
 PyTree = Any
 
@@ -215,7 +216,7 @@ class FedBE(Capabilities):
     model: Model
     num_clients: int
     clients_per_round: int
-    seed: int
+    data_seed: int = 0  # the server pool's subset draw belongs to the data
     eval_batch: int = 1000
     name: str = "fedbe"
     roles: tuple[str, ...] = ("labeled", "target_labeled", "target_unlabeled", "test")
@@ -224,35 +225,35 @@ class FedBE(Capabilities):
 
     def __post_init__(self) -> None:
         c = self.cfg
-        self.seed_key = jax.random.PRNGKey(self.seed)
         self.objective = LocalObjective(self.model)
         self.tx = make_optimizer(c.optimizer, c.lr, c.momentum, c.weight_decay)
         self.schedule = Schedule(c.batch_size, c.local_epochs, 0)
         self.distill_objective = DistillObjective(self.model)
         self.distill_tx = make_optimizer("sgd", c.fedbe_distill_lr, c.fedbe_distill_momentum)
         self.distill_schedule = Schedule(c.fedbe_distill_batch_size, 1, 0)  # one epoch per call
-        template = jax.eval_shape(self.model.init, self.seed_key)
+        template = jax.eval_shape(self.model.init, SHAPE_KEY)
         self.model_mb = wireless.model_size_mb(wireless.param_count(template["params"]))
+        self.uplink = Uplink.from_config(c, self.model_mb)
         # The server's single-model passes (no vmap, no gradient): XLA's conv is faster there.
         self.server_model = self.model.with_conv("xla")
         self.evaluator = common.client_evaluator(self.model, per_client=False)
 
     # ------------------------------------------------------------------ state
 
-    def init(self, fed: FederatedData) -> FLState:
+    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
         """One global model, the server pool [P] and its last pseudo-labels [P, Q]."""
         common.check_roles(self.name, fed)
         c = self.cfg
-        pool = server_pool(fed, c.fedbe_pool, c.fedbe_pool_size, self.seed)
+        pool = server_pool(fed, c.fedbe_pool, c.fedbe_pool_size, self.data_seed)
         extra = {
             "pool": jnp.asarray(pool),
             "pool_probs": jnp.zeros((len(pool), fed.num_classes), jnp.float32),
             "comm": {"uploads": jnp.int32(0), "downloads": jnp.int32(0)},
-            **common.clock_extra(c, self.seed_key, self.num_clients),
+            **self.uplink.init_state(key, self.num_clients),
         }
         return FLState(
             round=jnp.zeros((), jnp.int32),
-            global_vars=self.model.init(client_key(self.seed_key, INIT, 0, 0)),
+            global_vars=self.model.init(client_key(key, INIT, 0, 0)),
             client_vars={},
             client_opt={},
             sim_time=jnp.zeros((), jnp.float32),
@@ -261,18 +262,21 @@ class FedBE(Capabilities):
 
     # ------------------------------------------------------------------ clients
 
-    def prepare(self, state: FLState, data: TrainView) -> tuple[dict, dict, dict]:
-        cohort = sample_cohort(self, state.round)
+    def prepare(
+        self, state: FLState, data: TrainView, key: jax.Array
+    ) -> tuple[common.TargetPlan, dict, dict]:
+        cohort = self.sample_cohort(key, state.round)
         train = common.training_table(data.roles, self.cfg.baseline_train_data)
         inputs = {"id": cohort, "table": train.take(cohort)}
-        shared = {"global": state.global_vars, "x": data.x, "y": data.y, "round": state.round + 1}
-        plan = {
-            "cohort": cohort,
-            "n_train": train.count[cohort],
-            "unl": data.roles[data_roles(data.roles).unl],
+        shared = {
+            "global": state.global_vars,
             "x": data.x,
+            "y": data.y,
+            "round": state.round + 1,
+            "key": key,
         }
-        return plan, inputs, shared
+        unl = data.roles[data_roles(data.roles).unl]
+        return common.TargetPlan(cohort, train.count[cohort], unl, data.x), inputs, shared
 
     def client_update(self, inp: dict, shared: dict) -> dict:
         """Local SGD from the global model on D_train + D_lab (inp: id [], table row)."""
@@ -287,8 +291,8 @@ class FedBE(Capabilities):
             shared["y"],
             inp["table"],
             self.schedule,
-            client_key(self.seed_key, SAMPLE, t, cid),
-            client_key(self.seed_key, DROPOUT, t, cid),
+            client_key(shared["key"], SAMPLE, t, cid),
+            client_key(shared["key"], DROPOUT, t, cid),
         )
         return {
             "vars": new,
@@ -299,13 +303,16 @@ class FedBE(Capabilities):
 
     # ------------------------------------------------------------------ server
 
-    def ensemble(self, mu: PyTree, var: PyTree, clients: PyTree, t: jax.Array) -> PyTree:
+    def ensemble(
+        self, mu: PyTree, var: PyTree, clients: PyTree, t: jax.Array, key: jax.Array
+    ) -> PyTree:
         """{mu} + S_m Gaussian samples (+ the cohort's models): leaves [E, ...]."""
         c = self.cfg
         parts = [jax.tree.map(lambda a: a[None], mu)]
         if c.fedbe_samples > 0:
-            key = round_key(self.seed_key, GAUSSIAN, t)
-            params = gaussian_sample(key, mu["params"], var, c.fedbe_samples, c.fedbe_var_scale)
+            params = gaussian_sample(
+                round_key(key, GAUSSIAN, t), mu["params"], var, c.fedbe_samples, c.fedbe_var_scale
+            )
             rest = {k: v for k, v in mu.items() if k != "params"}  # batch stats: mu's
             rest = jax.tree.map(lambda a: jnp.broadcast_to(a, (c.fedbe_samples, *a.shape)), rest)
             parts.append({"params": params, **rest})
@@ -314,7 +321,13 @@ class FedBE(Capabilities):
         return jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
 
     def distill(
-        self, mu: PyTree, targets: jax.Array, pool: jax.Array, x: jax.Array, t: jax.Array
+        self,
+        mu: PyTree,
+        targets: jax.Array,
+        pool: jax.Array,
+        x: jax.Array,
+        t: jax.Array,
+        key: jax.Array,
     ) -> tuple[PyTree, jax.Array]:
         """SGD from mu on KL(targets [P, Q] || f(w, x_pool)), one epoch per scan step. With SWA
         the parameters are the mean of the end-of-epoch ones from epoch `fedbe_swa_start` on
@@ -326,11 +339,11 @@ class FedBE(Capabilities):
 
         def epoch(carry, e):
             variables, opt, total = carry
-            key = jax.random.fold_in(round_key(self.seed_key, DISTILL_SAMPLE, t), e)
-            drop = jax.random.fold_in(round_key(self.seed_key, DISTILL_DROPOUT, t), e)
+            sample = jax.random.fold_in(round_key(key, DISTILL_SAMPLE, t), e)
+            drop = jax.random.fold_in(round_key(key, DISTILL_DROPOUT, t), e)
             variables, opt, stats = local_train(
                 self.distill_objective, self.distill_tx, variables, opt, x, no_labels, table,
-                self.distill_schedule, key, drop, extras={"p": targets},
+                self.distill_schedule, sample, drop, extras={"p": targets},
             )  # fmt: skip
             use = e >= start
             total = jax.tree.map(
@@ -347,34 +360,36 @@ class FedBE(Capabilities):
         params = averaged if c.fedbe_swa else last["params"]
         return {**last, "params": params}, losses
 
-    def finish(self, state: FLState, plan: dict, out: dict) -> tuple[FLState, dict]:
+    def finish(
+        self, state: FLState, plan: common.TargetPlan, out: dict, key: jax.Array
+    ) -> tuple[FLState, dict]:
         c, ex, n = self.cfg, state.extra, self.num_clients
-        t, cohort, x = state.round + 1, plan["cohort"], plan["x"]
+        t, cohort, x = state.round + 1, plan.cohort, plan.x
         weights = out["weight"]
         any_data = jnp.sum(weights) > 0
         # The Gaussian over client weights; mu is FedAvg's mean (all leaves).
         mu = aggregate.weighted_mean(out["vars"], weights)
         mu = jax.tree.map(lambda m, g: jnp.where(any_data, m, g), mu, state.global_vars)
         _, var = gaussian_fit(out["vars"]["params"], weights)
-        members = self.ensemble(mu, var, out["vars"], t)
+        members = self.ensemble(mu, var, out["vars"], t, key)
         pool = ex["pool"]
         probs = ensemble_average(
             lambda v: pool_logits(self.server_model, v, x, pool, self.eval_batch), members
         )  # [P, Q]
         new_global, distill_losses = self.distill(
-            mu, distill_targets(probs, c.fedbe_target), pool, x, t
+            mu, distill_targets(probs, c.fedbe_target), pool, x, t, key
         )
         new_global = jax.tree.map(
             lambda a, g: jnp.where(any_data, a, g), new_global, state.global_vars
         )
 
         chosen = jnp.zeros((n,), bool).at[cohort].set(True)
-        t_up, per_upload = common.upload_time(c, self.seed_key, self.model_mb, chosen, t, ex)
-        t_comp = common.participant_compute_time(c, plan["n_train"])
+        t_up, per_upload = self.uplink.upload_time(key, chosen, t, ex)
+        t_comp = common.participant_compute_time(c, plan.n_train)
         moved = jnp.int32(cohort.shape[0])
         comm = {k: v + moved for k, v in ex["comm"].items()}
         # Labeling (spec 3.7): every client labels its D_unl with the global model.
-        pl = common.predict_labels(self.server_model, new_global, x, plan["unl"], per_client=False)
+        pl = common.predict_labels(self.server_model, new_global, x, plan.unl, per_client=False)
         sigma = jnp.concatenate([jnp.sqrt(v).ravel() for v in jax.tree.leaves(var)])
         metrics = cohort_metrics(cohort, out, out["vars"])
         metrics.update(
@@ -388,7 +403,7 @@ class FedBE(Capabilities):
             upload_time=t_up,
             upload_times=per_upload,
             compute_time=t_comp,
-            pl_index=plan["unl"].idx,
+            pl_index=plan.unl.idx,
             pl_label=pl,
         )
         new_state = state.replace(

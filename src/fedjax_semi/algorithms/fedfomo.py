@@ -31,16 +31,17 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 from jax.flatten_util import ravel_pytree
 
 from fedjax_semi.algorithms import dofed_baselines as common
 from fedjax_semi.algorithms.base import (
+    SHAPE_KEY,
     Capabilities,
     FLState,
     Mapper,
     cohort_metrics,
     register,
-    sample_cohort,
 )
 from fedjax_semi.algorithms.dofed_spp import data_roles
 from fedjax_semi.config import AlgorithmConfig, bad
@@ -59,6 +60,7 @@ from fedjax_semi.engine.train import (
 from fedjax_semi.kernels import similarity as sim
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
+from fedjax_semi.systems.uplink import Uplink
 
 PyTree = Any
 
@@ -84,13 +86,28 @@ def epsilon_at(t: jax.Array, epsilon: float, decay: float) -> jax.Array:
     return jnp.maximum(epsilon - (t - 1).astype(jnp.float32) * decay, 0.0)
 
 
+@struct.dataclass
+class FomoPlan:
+    """prepare -> finish: the clock's and labels' inputs, and each participant's downloads.
+
+    ids: int32 [S, M] the models each participant downloads; valid: bool [S, M] stored ones;
+    epsilon: float32 [] this round's exploration rate; n_lab: int32 [S] labeled rows scored.
+    """
+
+    target: common.TargetPlan
+    ids: jax.Array
+    valid: jax.Array
+    epsilon: jax.Array
+    n_lab: jax.Array
+
+
 @dataclasses.dataclass
 class FedFomo(Capabilities):
     cfg: AlgorithmConfig
     model: Model
     num_clients: int
     clients_per_round: int
-    seed: int
+    data_seed: int = 0  # host-side draws of the data (unused here)
     eval_batch: int = 1000
     name: str = "fedfomo"
     roles: tuple[str, ...] = ("labeled", "target_labeled", "target_unlabeled", "test")
@@ -99,26 +116,26 @@ class FedFomo(Capabilities):
 
     def __post_init__(self) -> None:
         c = self.cfg
-        self.seed_key = jax.random.PRNGKey(self.seed)
         self.objective = LocalObjective(self.model)
         self.tx = make_optimizer(c.optimizer, c.lr, c.momentum, c.weight_decay)
         self.schedule = Schedule(c.batch_size, c.local_epochs, 0)
-        template = jax.eval_shape(self.model.init, self.seed_key)
+        template = jax.eval_shape(self.model.init, SHAPE_KEY)
         self.model_mb = wireless.model_size_mb(wireless.param_count(template["params"]))
+        self.uplink = Uplink.from_config(c, self.model_mb)
         self.evaluator = common.client_evaluator(self.model, per_client=True)
 
     # ------------------------------------------------------------------ state
 
-    def init(self, fed: FederatedData) -> FLState:
+    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
         """theta_n = one shared init; nobody has uploaded; P = 0."""
         common.check_roles(self.name, fed)
         n = self.num_clients
-        theta0 = self.model.init(client_key(self.seed_key, INIT, 0, 0))
+        theta0 = self.model.init(client_key(key, INIT, 0, 0))
         extra = {
             "uploaded": jnp.zeros((n,), bool),
             "affinity": jnp.zeros((n, n), jnp.float32),
             "comm": {"uploads": jnp.int32(0), "downloads": jnp.int32(0)},
-            **common.clock_extra(self.cfg, self.seed_key, n),
+            **self.uplink.init_state(key, n),
         }
         return FLState(
             round=jnp.zeros((), jnp.int32),
@@ -131,14 +148,16 @@ class FedFomo(Capabilities):
 
     # ------------------------------------------------------------------ server: who, what
 
-    def prepare(self, state: FLState, data: TrainView) -> tuple[dict, dict, dict]:
+    def prepare(
+        self, state: FLState, data: TrainView, key: jax.Array
+    ) -> tuple[FomoPlan, dict, dict]:
         """Sample the participants, pick each one's M downloads by the affinity rule."""
         c, ex, t = self.cfg, state.extra, state.round + 1
-        cohort = sample_cohort(self, state.round)
+        cohort = self.sample_cohort(key, state.round)
         eps = epsilon_at(t, c.fedfomo_epsilon, c.fedfomo_epsilon_decay)
         # Drawn for all N (the kernel masks row n's own id), then the participants' rows.
         ids = sim.fedfomo_choose_downloads(
-            round_key(self.seed_key, DOWNLOAD, t), ex["affinity"], c.fedfomo_m, eps
+            round_key(key, DOWNLOAD, t), ex["affinity"], c.fedfomo_m, eps
         )[cohort]  # [S, M]
         valid = ex["uploaded"][ids]  # only stored (uploaded) models can be downloaded
         roles = data_roles(data.roles)
@@ -152,17 +171,14 @@ class FedFomo(Capabilities):
             "train": train.take(cohort),
             "lab": lab.take(cohort),
         }
-        shared = {"store": state.client_vars, "x": data.x, "y": data.y, "round": t}
-        plan = {
-            "cohort": cohort,
-            "ids": ids,
-            "valid": valid,
-            "epsilon": eps,
-            "n_train": train.count[cohort],
-            "n_lab": lab.count[cohort],
-            "unl": data.roles[roles.unl],
-            "x": data.x,
-        }
+        shared = {"store": state.client_vars, "x": data.x, "y": data.y, "round": t, "key": key}
+        plan = FomoPlan(
+            target=common.TargetPlan(cohort, train.count[cohort], data.roles[roles.unl], data.x),
+            ids=ids,
+            valid=valid,
+            epsilon=eps,
+            n_lab=lab.count[cohort],
+        )
         return plan, inputs, shared
 
     # ------------------------------------------------------------------ one participant
@@ -202,8 +218,8 @@ class FedFomo(Capabilities):
             y,
             inp["train"],
             self.schedule,
-            client_key(self.seed_key, SAMPLE, t, cid),
-            client_key(self.seed_key, DROPOUT, t, cid),
+            client_key(shared["key"], SAMPLE, t, cid),
+            client_key(shared["key"], DROPOUT, t, cid),
         )
         return {
             "vars": new,
@@ -217,34 +233,38 @@ class FedFomo(Capabilities):
 
     # ------------------------------------------------------------------ server: store, P, clock
 
-    def finish(self, state: FLState, plan: dict, out: dict) -> tuple[FLState, dict]:
+    def finish(
+        self, state: FLState, plan: FomoPlan, out: dict, key: jax.Array
+    ) -> tuple[FLState, dict]:
         c, ex, n = self.cfg, state.extra, self.num_clients
-        t, cohort = state.round + 1, plan["cohort"]
+        t, cohort = state.round + 1, plan.target.cohort
         client_vars = scatter(state.client_vars, cohort, out["vars"])  # upload = keep
         uploaded = ex["uploaded"].at[cohort].set(True)
         # P[n, ids[n]] += w over the participants' rows (others add nothing).
         w = out["raw"] if c.fedfomo_affinity == "raw" else out["w"]
         m = c.fedfomo_m
         rows_w = jnp.zeros((n, m), jnp.float32).at[cohort].set(w)
-        rows_ids = jnp.zeros((n, m), jnp.int32).at[cohort].set(plan["ids"])
-        rows_valid = jnp.zeros((n, m), bool).at[cohort].set(plan["valid"])
+        rows_ids = jnp.zeros((n, m), jnp.int32).at[cohort].set(plan.ids)
+        rows_valid = jnp.zeros((n, m), bool).at[cohort].set(plan.valid)
         affinity = sim.fedfomo_affinity_update(ex["affinity"], rows_w, rows_ids, rows_valid)
 
         chosen = jnp.zeros((n,), bool).at[cohort].set(True)
-        t_up, per_upload = common.upload_time(c, self.seed_key, self.model_mb, chosen, t, ex)
+        t_up, per_upload = self.uplink.upload_time(key, chosen, t, ex)
         # Each participant scores its own model and M downloads on D_lab, then trains.
-        t_comp = common.participant_compute_time(c, plan["n_train"], (m + 1) * plan["n_lab"])
-        downloads = jnp.sum(plan["valid"]).astype(jnp.int32)
+        t_comp = common.participant_compute_time(c, plan.target.n_train, (m + 1) * plan.n_lab)
+        downloads = jnp.sum(plan.valid).astype(jnp.int32)
         uploads = jnp.int32(cohort.shape[0])
         comm = {
             "uploads": ex["comm"]["uploads"] + uploads,
             "downloads": ex["comm"]["downloads"] + downloads,
         }
         # Labeling (spec 3.7): every client's personalized model predicts its D_unl.
-        pl = common.predict_labels(self.model, client_vars, plan["x"], plan["unl"], per_client=True)
+        pl = common.predict_labels(
+            self.model, client_vars, plan.target.x, plan.target.unl, per_client=True
+        )
         metrics = cohort_metrics(cohort, out, out["vars"])
         metrics.update(
-            epsilon=plan["epsilon"],
+            epsilon=plan.epsilon,
             downloads=downloads,
             uploads=uploads,
             comm_uploads=comm["uploads"],
@@ -252,15 +272,15 @@ class FedFomo(Capabilities):
             n_degenerate_rows=jnp.sum(out["degenerate"]).astype(jnp.int32),
             weight_max=jnp.mean(jnp.max(out["w"], axis=1)),
             # The participants' rows [S, M]: whom they downloaded, and the weights.
-            download_ids=plan["ids"],
-            download_valid=plan["valid"],
+            download_ids=plan.ids,
+            download_valid=plan.valid,
             fomo_weights=out["w"],
             fomo_raw_weights=out["raw"],
             val_loss=jnp.mean(out["val_loss"]),
             upload_time=t_up,
             upload_times=per_upload,
             compute_time=t_comp,
-            pl_index=plan["unl"].idx,
+            pl_index=plan.target.unl.idx,
             pl_label=pl,
         )
         extra = dict(ex, uploaded=uploaded, affinity=affinity, comm=comm)

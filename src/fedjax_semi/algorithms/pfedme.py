@@ -54,12 +54,12 @@ class PFedMe(FedAvgFamily):
         theta = w  # theta_k starts from the received model each round (pFedMe's reference code)
         n_max = table.idx.shape[0]
         steps = self.schedule.num_steps(n_max)
-        key_s = client_key(self.seed_key, SAMPLE, rnd, cid)
+        key_s = client_key(shared["key"], SAMPLE, rnd, cid)
         pos, valid = batch_positions(key_s, table.count, n_max, self.schedule)
         upos, uvalid = random_positions(
             jax.random.fold_in(key_s, 1), utable.count, steps, self.unlabeled_batch
         )
-        key_d = client_key(self.seed_key, DROPOUT, rnd, cid)
+        key_d = client_key(shared["key"], DROPOUT, rnd, cid)
         x, y = shared["x"], shared["y"]
 
         def step(carry, s):
@@ -115,7 +115,7 @@ class PFedMe(FedAvgFamily):
             "pl_rate": jnp.zeros(()),
         }
 
-    def finish(self, state: FLState, cohort, out):
+    def finish(self, state: FLState, cohort, out, key: jax.Array):
         c = self.cfg
         everything = jax.tree.map(lambda m: True, self.mask)
         new_global = aggregate.server_update(

@@ -26,7 +26,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from fedjax_semi.algorithms.base import FLState, cohort_metrics, register, sample_cohort
+from fedjax_semi.algorithms.base import FLState, cohort_metrics, register
 from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check
 from fedjax_semi.config import AlgorithmConfig, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
@@ -80,8 +80,8 @@ class UMPFSSL(FedAvgFamily):
 
     # ------------------------------------------------------------------ state
 
-    def init(self, fed: FederatedData) -> FLState:
-        state = super().init(fed)  # pool = client_vars: every client starts from w_0
+    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
+        state = super().init(key, fed)  # pool = client_vars: every client starts from w_0
         k, m = self.num_clients, self.M
         helper_idx = jnp.full((k, m), -1, jnp.int32).at[:, 0].set(jnp.arange(k))
         extra = {
@@ -97,10 +97,10 @@ class UMPFSSL(FedAvgFamily):
 
     has_warmup: ClassVar[bool] = True
 
-    def warmup(self, state: FLState, data: TrainView, mapper) -> FLState:
+    def warmup(self, state: FLState, data: TrainView, mapper, key: jax.Array) -> FLState:
         """Alg. 1 l.3-4: every client trains on its labeled data only, then uploads."""
         inputs = {"id": jnp.arange(self.num_clients), "table": data.roles["labeled"]}
-        shared = {"pool": state.client_vars, "x": data.x, "y": data.y}
+        shared = {"pool": state.client_vars, "x": data.x, "y": data.y, "key": key}
         pool = mapper(self.warmup_client, inputs, shared)
         comm = dict(state.extra["comm"], warmup_uploads=jnp.int32(self.num_clients))
         return state.replace(client_vars=pool, extra=dict(state.extra, comm=comm))
@@ -117,8 +117,8 @@ class UMPFSSL(FedAvgFamily):
             shared["y"],
             inp["table"],
             Schedule(self.cfg.batch_size, self.cfg.warmup_epochs, 0),
-            client_key(self.seed_key, WARMUP, 0, k),
-            client_key(self.seed_key, DROPOUT, 0, k),
+            client_key(shared["key"], WARMUP, 0, k),
+            client_key(shared["key"], DROPOUT, 0, k),
         )
         return new
 
@@ -142,8 +142,8 @@ class UMPFSSL(FedAvgFamily):
     def client_update(self, inp, shared):
         return self.client_update_for((False, False))(inp, shared)
 
-    def prepare(self, state: FLState, data: TrainView):
-        cohort = sample_cohort(self, state.round)
+    def prepare(self, state: FLState, data: TrainView, key: jax.Array):
+        cohort = self.sample_cohort(key, state.round)
         ex = state.extra
         inputs = {
             "id": cohort,
@@ -162,13 +162,14 @@ class UMPFSSL(FedAvgFamily):
             "x": data.x,
             "y": data.y,
             "round": state.round + 1,
+            "key": key,
         }
         return cohort, inputs, shared
 
     def helper_stats(self, models, ids, purpose, inp, shared, mu):
         """pair_stats of G models [G, P] (ids [G]) on this client's data, vmapped over G."""
         c, k, t = self.cfg, inp["id"], shared["round"]
-        base = client_key(self.seed_key, purpose, t, k)
+        base = client_key(shared["key"], purpose, t, k)
         keys = jax.vmap(lambda j: jax.random.fold_in(base, j))(ids)
         lab, unl = inp["lab"], inp["unl"]
 
@@ -189,7 +190,7 @@ class UMPFSSL(FedAvgFamily):
         inc = self.helper_stats(_stack(own, cache), hidx, MC_REPLACE, inp, shared, mu)["corr"]
         worst = jnp.argsort(inc[1:], stable=True)[:R]  # slots 1..M-1 -> positions in tail
         taken = jnp.zeros(self.num_clients, bool).at[hidx].set(True)
-        cand = sample_excluding(client_key(self.seed_key, CANDIDATE, t, k), taken[None], R)[0]
+        cand = sample_excluding(client_key(shared["key"], CANDIDATE, t, k), taken[None], R)[0]
         cand_models = gather(pool, cand)
         cand_corr = self.helper_stats(cand_models, cand, MC_CANDIDATE, inp, shared, mu)["corr"]
         ids, best, pos = merge_best(
@@ -214,7 +215,7 @@ class UMPFSSL(FedAvgFamily):
         # a. FILL: the first participation draws M-1 distinct helpers other than k.
         missing = ~hval[1:]
         taken = jnp.zeros(self.num_clients, bool).at[jnp.where(hval, hidx, k)].set(True)
-        drawn = sample_excluding(client_key(self.seed_key, FILL, t, k), taken[None], M - 1)[0]
+        drawn = sample_excluding(client_key(shared["key"], FILL, t, k), taken[None], M - 1)[0]
         tail = jnp.where(missing, drawn, hidx[1:])
         cache = _where(missing, gather(pool, tail), cache)
         cver = jnp.where(missing, pool_ver[tail], cver)
@@ -323,8 +324,8 @@ class UMPFSSL(FedAvgFamily):
         lab, unl = inp["lab"], inp["unl"]
         n_s, n_u = lab.count, unl.count
         one_hot = lambda idx: jax.nn.one_hot(shared["y"][idx], y_hat.shape[-1])
-        key_s = client_key(self.seed_key, SAMPLE, t, k)
-        key_d = client_key(self.seed_key, DROPOUT, t, k)
+        key_s = client_key(shared["key"], SAMPLE, t, k)
+        key_d = client_key(shared["key"], DROPOUT, t, k)
         train = functools.partial(
             local_train, self.um_objective, self.tx, data_x=shared["x"], data_y=shared["y"]
         )
@@ -383,7 +384,7 @@ class UMPFSSL(FedAvgFamily):
         per = kl_divergence(logits, batch["target"]) * batch["weight"]
         return masked_mean(per, batch["valid"]), (new_state, {"pl_rate": jnp.zeros(())})
 
-    def finish(self, state: FLState, cohort, out):
+    def finish(self, state: FLState, cohort, out, key: jax.Array):
         ex = state.extra
         t = state.round + 1
         comm = {n: ex["comm"][n] + jnp.sum(out["counts"][n]) for n in out["counts"]}

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_semi.algorithms.base import Algorithm, FLState, seeded
+from fedjax_semi.algorithms.base import Algorithm
 from fedjax_semi.config import StopConfig
 from fedjax_semi.data.federated import FederatedData
 from fedjax_semi.engine.clients import LoopMapper, jit_forwarding_inputs, map_clients
@@ -30,6 +30,7 @@ from fedjax_semi.engine.loop import (
 from fedjax_semi.engine.loop import EarlyStopper as EarlyStopper
 from fedjax_semi.engine.loop import NaNError as NaNError
 from fedjax_semi.engine.loop import pseudo_label_accuracy as pseudo_label_accuracy
+from fedjax_semi.engine.state import FLState
 from fedjax_semi.results.writers import Summaries, make_writers
 
 
@@ -48,10 +49,12 @@ class Runner:
         chunk: int | str = "all",
         eval_chunk: int | str = "all",
         devices: int = 1,
+        seed: int = 0,
         seeds: Sequence[int] | None = None,
         replica_chunk: int | str = "all",
     ) -> None:
         self.alg, self.fed, self.backend = alg, fed, backend
+        self.seed = seed
         self.seeds = tuple(int(s) for s in seeds) if seeds is not None else None
         self.replica_chunk = replica_chunk
         self.data = fed.train_view(oracle=alg.oracle)
@@ -59,17 +62,18 @@ class Runner:
         self._warmup_fn = alg.warmup if alg.has_warmup else None
         self.chunk, self.autotune = chunk, None
         self._keep = jax.jit(keep_replicas)
-        # The seed key(s) enter every compiled program as an argument, never as a constant: one
-        # program then serves every seed (and XLA's compilation cache finds it again).
+        # The run's key (`seed`), or with replicas one key per seed: an argument of every
+        # compiled program, never a constant, so one program serves every seed (and XLA's
+        # compilation cache finds it again).
         self._keys = (
-            alg.seed_key
+            jax.random.PRNGKey(seed)
             if self.seeds is None
             else jnp.stack([jax.random.PRNGKey(s) for s in self.seeds])
         )
         if backend == "jit":
             emap = functools.partial(map_clients, chunk=eval_chunk)
             self._place = client_sharding(devices) if devices > 1 else (lambda tree: tree)
-            self._eval = jax.jit(self._replicated(lambda s, f: alg.evaluate(s, f, emap)))
+            self._eval = jax.jit(self._replicated(lambda key, s, f: alg.evaluate(s, f, emap)))
             if chunk != "auto":
                 self._compile(chunk)
         elif backend == "reference":
@@ -84,13 +88,13 @@ class Runner:
             prepare, finish = jit_forwarding_inputs(alg.prepare), jit_forwarding_inputs(alg.finish)
             update_for, warmup = self._update_for, self._warmup_fn
 
-            def round_fn(state, data, flags):
-                cohort, inputs, shared = prepare(state, data)
-                return finish(state, cohort, loop(update_for(flags), inputs, shared))
+            def round_fn(key, state, data, flags):
+                cohort, inputs, shared = prepare(state, data, key)
+                return finish(state, cohort, loop(update_for(flags), inputs, shared), key)
 
-            self._round = lambda keys, s, d, flags: round_fn(s, d, flags)
-            self._eval = lambda keys, s, f: alg.evaluate(s, f, loop)
-            self._warmup = warmup and (lambda keys, s, d: warmup(s, d, loop))
+            self._round = round_fn
+            self._eval = lambda key, s, f: alg.evaluate(s, f, loop)
+            self._warmup = warmup and (lambda key, s, d: warmup(s, d, loop, key))
         else:
             raise ValueError(f"hardware.backend={backend!r} is not allowed: 'jit' or 'reference'")
 
@@ -99,39 +103,29 @@ class Runner:
         alg, place, update_for = self.alg, self._place, self._update_for
         cmap = functools.partial(map_clients, chunk=chunk)
 
-        def round_fn(state, data, flags):
-            cohort, inputs, shared = alg.prepare(state, data)
+        def round_fn(key, state, data, flags):
+            cohort, inputs, shared = alg.prepare(state, data, key)
             outputs = place(cmap(update_for(flags), place(inputs), shared))
-            return alg.finish(state, cohort, outputs)
+            return alg.finish(state, cohort, outputs, key)
 
         warmup = self._warmup_fn
         return (
             jax.jit(self._replicated(round_fn), static_argnums=3),
-            warmup and jax.jit(self._replicated(lambda s, d: warmup(s, d, cmap))),
+            warmup and jax.jit(self._replicated(lambda key, s, d: warmup(s, d, cmap, key))),
         )
 
     def _replicated(self, fn: Callable) -> Callable:
-        """fn(state, *args) for one run -> fn(keys, state, *args), drawing its randomness from
-        `keys` (`algorithms.base.seeded`): one key, or with replicas a leading replica axis of
-        keys and states, run r drawing from seed r. The replicas share the data and the static
-        arguments, and are mapped like clients (`map_clients`): replica_chunk="all" is one vmap
-        (GPU), 1 a loop inside the program (CPU)."""
-        alg = self.alg
+        """fn(key, state, *args) for one run, or with replicas the same over a leading replica
+        axis of keys and states (run r draws from seed r's key). The replicas share the data
+        and the static arguments, and are mapped like clients (`map_clients`):
+        replica_chunk="all" is one vmap (GPU), 1 a loop inside the program (CPU)."""
         if self.seeds is None:
-
-            def keyed(key, state, *args):
-                with seeded(alg, key=key):
-                    return fn(state, *args)
-
-            return keyed
+            return fn
 
         def replicated(keys, states, *args):
-            def one(key_state):
-                key, state = key_state
-                with seeded(alg, key=key):
-                    return fn(state, *args)
-
-            return map_clients(one, (keys, states), chunk=self.replica_chunk)
+            return map_clients(
+                lambda ks: fn(ks[0], ks[1], *args), (keys, states), chunk=self.replica_chunk
+            )
 
         return replicated
 
@@ -144,7 +138,8 @@ class Runner:
         result is thrown away; rounds are pure) and keep the fastest. A candidate that runs
         out of device memory is skipped. The timings are kept in `self.autotune`."""
         one = state if self.seeds is None else jax.tree.map(lambda a: a[0], state)
-        _, inputs, _ = jax.eval_shape(self.alg.prepare, one, self.data)
+        key = self._keys if self.seeds is None else self._keys[0]
+        _, inputs, _ = jax.eval_shape(self.alg.prepare, one, self.data, key)
         cohort = jax.tree.leaves(inputs)[0].shape[0]
         flags = self._flags(rounds_done(state) + 1)
         timings, programs = {}, {}
@@ -172,11 +167,8 @@ class Runner:
         """The algorithm's initial state before any warm-up (stacked over the replicas' seeds
         when there are replicas): the structure a checkpoint restores into."""
         if self.seeds is None:
-            return self.alg.init(self.fed)
-        states = []
-        for s in self.seeds:
-            with seeded(self.alg, seed=s):
-                states.append(self.alg.init(self.fed))
+            return self.alg.init(self._keys, self.fed)
+        states = [self.alg.init(key, self.fed) for key in self._keys]
         return jax.tree.map(lambda *a: jnp.stack(a), *states)
 
     def init(self) -> FLState:
