@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_semi.algorithms.base import FLState, cohort_metrics, register
-from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check
+from fedjax_semi.algorithms.fedavg import FedAvgFamily, FedAvgPlan, _check
 from fedjax_semi.config import AlgorithmConfig, bad
 from fedjax_semi.engine import aggregate
 from fedjax_semi.engine.clients import scatter
@@ -115,8 +115,8 @@ class PFedMe(FedAvgFamily):
             "pl_rate": jnp.zeros(()),
         }
 
-    def finish(self, state: FLState, cohort, out, key: jax.Array):
-        c = self.cfg
+    def finish(self, state: FLState, plan: FedAvgPlan, out, key: jax.Array):
+        c, cohort = self.cfg, plan.cohort
         everything = jax.tree.map(lambda m: True, self.mask)
         new_global = aggregate.server_update(
             state.global_vars, out["vars"], out["weight"], everything, c.pfedme_beta
