@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedjax_semi.algorithms.dofed_spp import (  # noqa: F401 (re-exported for the baselines)
+from fedjax_semi.algorithms.dofed_task import (  # noqa: F401 (re-exported for the baselines)
     DOFED_ROLES,
     Roles,
     check_clock_config,

@@ -42,7 +42,7 @@ from fedjax_semi.algorithms.base import (
     cohort_metrics,
     register,
 )
-from fedjax_semi.algorithms.dofed_spp import data_roles
+from fedjax_semi.algorithms.dofed_task import data_roles
 from fedjax_semi.config import AlgorithmConfig, ConfigError, bad
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine import aggregate
