@@ -4,9 +4,12 @@ A round is three pure, jittable phases, so the engine can compile it as one prog
 reference backend (a Python loop of per-client jitted calls) on the same code. Every random
 draw derives from the run's key, passed in as an argument (never held by the method):
 
-    cohort, inputs, shared = alg.prepare(state, data, key)   # server: select, gather
+    plan, inputs, shared = alg.prepare(state, data, key)     # server: select, gather
     outputs = map over clients: alg.client_update(input_i, shared)   # shared["key"] is `key`
-    state, metrics = alg.finish(state, cohort, outputs, key)  # server: aggregate, scatter
+    state, metrics = alg.finish(state, plan, outputs, key)    # server: aggregate, scatter
+
+The plan is what the server keeps between its phases: the cohort, or a flax.struct dataclass of
+the method holding it.
 """
 
 from __future__ import annotations
@@ -38,12 +41,12 @@ class Algorithm(Protocol):
 
     def prepare(
         self, state: FLState, data: TrainView, key: jax.Array
-    ) -> tuple[jax.Array, PyTree, PyTree]: ...
+    ) -> tuple[PyTree, PyTree, PyTree]: ...
 
     def client_update(self, inputs: PyTree, shared: PyTree) -> PyTree: ...
 
     def finish(
-        self, state: FLState, cohort: jax.Array, outputs: PyTree, key: jax.Array
+        self, state: FLState, plan: PyTree, outputs: PyTree, key: jax.Array
     ) -> tuple[FLState, dict]: ...
 
     def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict: ...

@@ -54,7 +54,6 @@ class Runner:
         replica_chunk: int | str = "all",
     ) -> None:
         self.alg, self.fed, self.backend = alg, fed, backend
-        self.seed = seed
         self.seeds = tuple(int(s) for s in seeds) if seeds is not None else None
         self.replica_chunk = replica_chunk
         self.data = fed.train_view(oracle=alg.oracle)
@@ -89,8 +88,8 @@ class Runner:
             update_for, warmup = self._update_for, self._warmup_fn
 
             def round_fn(key, state, data, flags):
-                cohort, inputs, shared = prepare(state, data, key)
-                return finish(state, cohort, loop(update_for(flags), inputs, shared), key)
+                plan, inputs, shared = prepare(state, data, key)
+                return finish(state, plan, loop(update_for(flags), inputs, shared), key)
 
             self._round = round_fn
             self._eval = lambda key, s, f: alg.evaluate(s, f, loop)
@@ -104,9 +103,9 @@ class Runner:
         cmap = functools.partial(map_clients, chunk=chunk)
 
         def round_fn(key, state, data, flags):
-            cohort, inputs, shared = alg.prepare(state, data, key)
+            plan, inputs, shared = alg.prepare(state, data, key)
             outputs = place(cmap(update_for(flags), place(inputs), shared))
-            return alg.finish(state, cohort, outputs, key)
+            return alg.finish(state, plan, outputs, key)
 
         warmup = self._warmup_fn
         return (
