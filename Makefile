@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # included); pyproject.toml keeps only floors, for those who install the package as a library.
 LOCK   := requirements.lock
 
-.PHONY: run test test-slow bench bench-throughput bench-peers lint lock data setup clean
+.PHONY: run test test-slow bench bench-revisions bench-throughput bench-peers lint lock data setup clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ test-slow: $(STAMP)
 
 bench: data
 	$(PY) benchmarks/engine.py
+
+# make bench of a base revision and the working tree side by side (alternating runs):
+#   make bench-revisions BASE=ede4f6d
+BASE ?= HEAD~1
+bench-revisions: data
+	$(PY) benchmarks/revisions.py --base $(BASE) $(BENCH_ARGS)
 
 # torch comes from the default package registry; a CPU-only wheel index is an option:
 #   make bench-throughput TORCH_INDEX=https://download.pytorch.org/whl/cpu

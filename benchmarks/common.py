@@ -22,7 +22,7 @@ def compose(*overrides: str):
     from hydra import initialize_config_dir
 
     from fedjax_semi.cli import CONF_DIR
-    from fedjax_semi.config import as_config, register_configs
+    from fedjax_semi.store import as_config, register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

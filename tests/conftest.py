@@ -11,7 +11,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from fedjax_semi.cli import CONF_DIR
-from fedjax_semi.config import Config, as_config, register_configs
+from fedjax_semi.config import Config
+from fedjax_semi.store import as_config, register_configs
 
 # XLA's persistent compilation cache, shared by every process of one test session (the xdist
 # workers and the CLI subprocesses inherit the variables): many tests compile the very same

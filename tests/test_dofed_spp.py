@@ -18,9 +18,10 @@ import pytest
 from conftest import compose_config
 from fedjax_semi import experiment
 from fedjax_semi.algorithms.dofed_spp import dofed_spp, low_rank
-from fedjax_semi.config import ConfigError
+from fedjax_semi.config import SystemsConfig
 from fedjax_semi.data.federated import RoleTable
 from fedjax_semi.engine.simulate import pseudo_label_accuracy
+from fedjax_semi.errors import ConfigError
 
 N, K, B, L, ROUNDS, BATCH = 6, 3, 2, 3, 3, 16
 S_TRAIN, S_INFER = 2e-4, 5e-5
@@ -41,8 +42,8 @@ TINY = [
     # A margin above the untrained student's loss keeps a few non-matching providers in the
     # SR rows, so the SRs are not one-hot and AC7 / AC27 compare real numbers.
     "algorithm.sr_g2=8.0",
-    f"algorithm.time_sec_per_train_sample={S_TRAIN}",
-    f"algorithm.time_sec_per_infer_sample={S_INFER}",
+    f"systems.time_sec_per_train_sample={S_TRAIN}",
+    f"systems.time_sec_per_infer_sample={S_INFER}",
 ]
 
 
@@ -395,7 +396,7 @@ def test_budget_mode_normal_partition_ac12_ac23(tmp_path):
     s_infer = 1e-6  # cheap labeling next to the uploads, so B can be large and K is limited
     over = [
         *TINY, "partition=normal", "algorithm.selection_mode=budget", "rounds=2",
-        f"algorithm.time_sec_per_infer_sample={s_infer}",
+        f"systems.time_sec_per_infer_sample={s_infer}",
     ]  # fmt: skip
     exp = experiment.build(compose_config(*over, "algorithm.selection_time_per_round_s=1"))
     check_partition(exp, "normal")
@@ -428,7 +429,7 @@ KNOBS = [
     "algorithm.sr_exclude_self=true",
     "algorithm.label_renormalize=true",
     "algorithm.pca_rank=2",
-    "algorithm.wireless_mode=shannon",
+    "systems.wireless_mode=shannon",
 ]
 
 
@@ -483,8 +484,9 @@ def test_shannon_rates_and_uploads(tiny):
     from fedjax_semi.systems import wireless as wl
 
     exp, _, _, _ = tiny
-    cfg = dataclasses.replace(exp.alg.cfg, wireless_mode="shannon")
-    alg = dofed_spp(cfg, model=exp.model, num_clients=N, clients_per_round=N)
+    cfg = exp.alg.cfg
+    shannon = dataclasses.replace(exp.alg.systems, wireless_mode="shannon")
+    alg = dofed_spp(cfg, model=exp.model, num_clients=N, clients_per_round=N, systems=shannon)
     extra = alg.init(exp.key, exp.fed).extra
     rates = np.asarray(extra["rate_mbps"])
 
@@ -517,19 +519,34 @@ BAD = [
     ("local_epochs_tar", 0, ">= 1"),
     ("lr_tar", 0.0, "> 0"),
     ("pca_rank", -2, ">= 0"),
-    ("wireless_mode", "radio", "empirical"),
-    ("wireless_rate_mbps", [10.0, 2.0], "low <= high"),
     ("init_mode", "random", "per_client"),
-    ("time_sec_per_train_sample", -1.0, ">= 0"),
 ]
 
 
 @pytest.mark.parametrize(("key", "value", "allowed"), BAD, ids=[f"{k}={v}" for k, v, _ in BAD])
 def test_bad_config_values_name_key_and_allowed(tiny, key, value, allowed):
     exp = tiny[0]
-    cfg = dataclasses.replace(exp.alg.cfg, **{key: value})
     with pytest.raises(ConfigError, match=rf"algorithm\.{key}=.*{allowed}"):
+        cfg = dataclasses.replace(exp.alg.cfg, **{key: value})
         dofed_spp(cfg, model=exp.model, num_clients=N, clients_per_round=N)
+
+
+# The clock's knobs (the systems group), shared by DoFed-SPP and its baselines.
+SYSTEMS_BAD = [
+    ("wireless_mode", "radio", "'empirical', 'shannon'"),
+    ("wireless_rate_mbps", [10.0, 2.0], "low <= high"),
+    ("wireless_distance_km", [0.0, 0.5], "0 < low"),
+    ("wireless_power_w", 0.0, "> 0"),
+    ("time_sec_per_train_sample", -1.0, ">= 0"),
+]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"), SYSTEMS_BAD, ids=[f"{k}={v}" for k, v, _ in SYSTEMS_BAD]
+)
+def test_bad_systems_values_name_key_and_allowed(key, value, allowed):
+    with pytest.raises(ConfigError, match=rf"systems\.{key}=.*{allowed}"):
+        SystemsConfig(**{key: value})
 
 
 def test_bad_config_through_the_cli_path_and_missing_roles(tiny):

@@ -43,10 +43,11 @@ def _task(cfg) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
     from fedjax_semi import experiment
-    from fedjax_semi.config import ConfigError, as_config
     from fedjax_semi.data.registry import DatasetNotFoundError
     from fedjax_semi.engine.loop import NaNError
+    from fedjax_semi.errors import ConfigError
     from fedjax_semi.results.rundir import CheckpointError, CheckpointWarning
+    from fedjax_semi.store import as_config
 
     try:
         c = as_config(cfg)
@@ -81,7 +82,7 @@ def _task(cfg) -> float | None:
 def main() -> None:
     import hydra
 
-    from fedjax_semi.config import register_configs
+    from fedjax_semi.store import register_configs
 
     if not (CONF_DIR / "config.yaml").exists():
         _fail(f"no Hydra configs at {CONF_DIR}; set FEDJAX_SEMI_CONF to the repo's conf/ folder")

@@ -1,8 +1,10 @@
-"""Structured configs (Hydra ConfigStore) and validation.
+"""Structured configs and validation.
 
-Every group of `conf/` is typed by one dataclass here, so a misspelt key fails at composition time.
-`validate` checks values before any work starts and raises `ConfigError` with the key, the value
-and what is allowed.
+Every group of `conf/` is typed by one dataclass: here, except each method's, which extends
+`AlgorithmConfig` beside its method in `fedjax_semi/algorithms/` (`store.py` registers them all
+with Hydra's ConfigStore), so a misspelt key fails at composition. A group's own values are
+checked in its `__post_init__`, the cross-group ones in `validate`, before any work starts; both
+raise `ConfigError` with the key, the value and what is allowed (`errors.bad`).
 """
 
 from __future__ import annotations
@@ -10,19 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
+from fedjax_semi.engine.clients import COHORT_SAMPLERS
+from fedjax_semi.engine.train import optimizer_names
+from fedjax_semi.errors import ConfigError, bad
 
-
-class ConfigError(ValueError):
-    """A config value that is not allowed; the message names key, value and the allowed values."""
-
-
-def bad(key: str, value: Any, allowed: str) -> ConfigError:
-    return ConfigError(f"{key}={value!r} is not allowed: {allowed}")
+BASELINE_TRAIN_DATA = ("train_and_lab", "train")
 
 
 @dataclass
 class AlgorithmConfig:
+    """The knobs every method shares; each method's config extends it (beside the method, in
+    `fedjax_semi/algorithms/`) and is stored in Hydra's ConfigStore as `schema/algorithm/<name>`,
+    so a knob another method owns fails at composition, naming the key."""
+
     name: str = "fedavg"
     # Local training: epochs over the client's training role, or a fixed number of steps.
     local_epochs: int = 1
@@ -32,98 +34,43 @@ class AlgorithmConfig:
     lr: float = 0.05
     momentum: float = 0.0
     weight_decay: float = 0.0
-    # Keep each client's optimizer state across rounds (personalized methods) or reset it.
-    persist_optimizer: bool = False
-    server_lr: float = 1.0
-    weighting: str = "num_samples"  # num_samples | uniform
     # How a round's cohort is drawn (engine/clients.py `select_cohort`): auto | permutation |
     # floyd. auto = permutation (O(N log N)) up to 1000 clients, Floyd's O(S^2) draw above.
     cohort_sampler: str = "auto"
-    # Which leaves the server averages: all | none | fedbn | fedper | lg (see engine.aggregate).
-    shared: str = "all"
-    prox_mu: float = 0.0  # FedProx proximal term (mu / 2) ||w - w_global||^2
-    # Pseudo-labelling of the client's own unlabeled data (fedavg_pl, the FixMatch methods): keep
-    # a pseudo-label when its top probability is >= pl_threshold. null = keep all (um_pfssl only).
-    pl_threshold: float | None = 0.95
-    pl_weight: float = 1.0
-    unlabeled_batch_ratio: int = 1  # unlabeled batch = ratio * batch_size
-    pl_warmup_rounds: int = 0  # rounds of labeled-only training before pseudo-labels are used
-    # UM-pFSSL (spec uncertainty_pfssl.md, section 3.1; defaults are the spec's).
-    helper_list_size: int = 5  # M, self included
-    num_replace: int = 2  # R
-    search_rounds: int = 20  # F: helper search in rounds t <= F
-    refresh_period: int = 10  # nu: refresh kept helpers when t % nu == 0
-    mc_samples: int = 10  # T_mc
-    corr_form: str = "inverse"  # inverse (Eq. 13 literal) | complement
-    pseudo_label: str = "soft"  # soft | hard
-    self_pl_model: str = "pre_aggregation"  # pre_aggregation | post_aggregation
-    refresh_lowest_r: bool = False  # literal Alg. 2: the R lowest slots are not refreshed
-    helper_cache: str = "exact"  # exact (stale local copies) | fresh (always the latest upload)
-    warmup_epochs: int = 5  # E_warm: labeled-only local epochs of every client before round 1
-    entropy_reduction: str = "mean"  # mean (H in [0, 1], A10) | sum (Eq. 12 literally)
-    entropy_eps: float = 1e-6  # floor of H in Corr's reciprocal term
-    acc_mode: str = "mc_mean"  # Acc(k|j) from the MC mean | deterministic (dropout off), A12
-    loss_schedule: str = "joint"  # joint (mu-weighted mixed batches) | alternating (Alg. 1 l.19-20)
-    search_schedule: str = "global_rounds"  # t <= F | per_client_participations (first F), A43
     # The dropout rate this method trains with (UM-pFSSL needs MC dropout, its baselines run
     # without), so one sweep over algorithms gives each its own; null = model.dropout.
     model_dropout: float | None = None
-    # pFedMe (spec section 4, suggested from the pFedMe paper).
-    pfedme_lambda: float = 15.0
-    pfedme_inner_steps: int = 5  # K_in
-    pfedme_personal_lr: float = 0.01
-    pfedme_beta: float = 1.0
-    # DoFed-SPP (spec dofed_spp.md sections 2-3; defaults are the spec's [rec] values). The
-    # reciprocal models train with lr (gamma), local_epochs and batch_size above; optimizer and
-    # momentum apply to both models and restart every round. Every client trains every round
-    # (clients_per_round is not used); selection_k clients upload.
-    init_mode: str = "shared"  # shared (one init broadcast, 2.1) | per_client initial models
-    warmup_rounds: int = 10  # L: rounds of local reciprocal training before Phase 0's uploads
-    lr_tar: float = 0.01  # alpha: student (target model) learning rate
-    local_epochs_tar: int = 1  # E_tar: student epochs per round over D^p = D_unl + D_lab
-    sr_gamma: float | None = None  # gamma of Eq. 19; null = lr (the reciprocal learning rate)
-    sr_g1: Any = 0.0  # G1 >= 0, or "auto": max pairwise distance of the current models (A1)
-    sr_g2: float = 3.0  # G2 >= 0, a loss margin (3 for the CNN, 1 for the text model, A1)
-    sr_eps: float = 1e-8  # floor of the distances in Eq. 19
-    sr_target_version: str = "pre_update"  # target model of Eq. 19: pre_update | post_update
-    sr_degenerate: str = "keep_previous"  # rows with every a = 0: keep_previous | uniform (A4)
-    sr_exclude_self: bool = False  # drop S[n, n] (A3)
-    selection_mode: str = "fixed"  # fixed (selection_k, selection_b) | budget (Ineq. 26)
-    selection_k: int = 10  # K uploaders per round (fixed mode)
-    selection_b: int = 10  # B labeling models per client, 1 <= B <= K (fixed mode)
-    selection_time_per_round_s: float | None = None  # T / G of Ineq. 25, budget mode only
-    label_renormalize: bool = False  # Eq. 20 weights over B summing to 1 (argmax unchanged)
-    pca_rank: int = 0  # > 0: low-rank SVD of every >= 2-D weight before broadcast (2.7); 0 off
-    wireless_mode: str = "empirical"  # empirical (U[rate] MB/s per upload) | shannon (Eq. 8)
-    wireless_rate_mbps: list[float] = field(default_factory=lambda: [2.0, 10.0])
-    wireless_bandwidth_hz: float = 10e6  # shannon: b
-    wireless_power_w: float = 0.2  # shannon: p
-    wireless_noise_dbm_hz: float = -174.0  # shannon: N0
-    wireless_distance_km: list[float] = field(default_factory=lambda: [0.05, 0.5])  # per client
-    time_sec_per_train_sample: float = 2e-4  # compute model (2.8, A17): placeholder calibration
-    time_sec_per_infer_sample: float = 5e-5
-    # DoFed-SPP's baselines FedFomo and FedBE (spec dofed_spp.md section 4; [rec] defaults, [bg]
-    # where the spec takes them from the original papers). They reuse lr, local_epochs,
-    # batch_size, optimizer, momentum (spec 3.5: the reciprocal training's), the clock
-    # (wireless_*, time_*) and, for FedFomo's distances, sr_eps; clients_per_round clients
-    # train and upload per round (K = 10 in the paper).
-    baseline_train_data: str = "train_and_lab"  # D_train + D_lab (A19) | train (D_train only)
-    fedfomo_m: int = 10  # M peer models each participating client downloads
-    fedfomo_epsilon: float = 0.3  # epsilon-greedy exploration of the downloads in round 1 [bg]
-    fedfomo_epsilon_decay: float = 0.05  # epsilon_t = max(epsilon - (t - 1) * decay, 0) [bg]
-    fedfomo_affinity: str = "raw"  # P[n, m] += raw (unclipped) | normalized (clipped) weights
-    fedbe_samples: int = 10  # S_m models drawn from the Gaussian over client weights [bg]
-    fedbe_var_scale: float = 1.0  # samples mu + var_scale * sigma * z, z ~ N(0, I)
-    fedbe_ensemble_clients: bool = True  # ensemble = {mu} + samples (+ the cohort's models)
-    fedbe_pool: str = "train_split"  # server pool: train_split | clients_unlabeled | server
-    fedbe_pool_size: int = 5000  # random subset of the pool, labels never read (0 = all)
-    fedbe_target: str = "soft"  # distillation target: soft (mean softmax) | hard (its argmax)
-    fedbe_distill_epochs: int = 20  # server epochs over the pool per round [bg: FedBE code]
-    fedbe_distill_lr: float = 1e-3
-    fedbe_distill_momentum: float = 0.9
-    fedbe_distill_batch_size: int = 128
-    fedbe_swa: bool = True  # SWA: the global model is the mean of the epoch-end models
-    fedbe_swa_start: int = 10  # first epoch (0-based) whose end model enters the SWA mean
+    # On DoFed-SPP's tasks (partition subset | normal), what its baselines (fedavg, local,
+    # fedfomo, fedbe) train on: train_and_lab (D_train + D_lab, every label a client holds) |
+    # train (D_train only). See docs/choices.md, A19.
+    baseline_train_data: str = "train_and_lab"
+
+    def __post_init__(self) -> None:
+        e, s = self.local_epochs, self.local_steps
+        if e < 0 or s < 0 or (e == 0 and s == 0):
+            raise bad(
+                "algorithm.local_epochs", e, "an integer >= 1, or 0 with algorithm.local_steps >= 1"
+            )
+        if self.batch_size < 1:
+            raise bad("algorithm.batch_size", self.batch_size, "an integer >= 1")
+        if self.optimizer not in optimizer_names():
+            raise bad(
+                "algorithm.optimizer", self.optimizer, f"an optax optimizer: {optimizer_names()}"
+            )
+        if not self.lr > 0:
+            raise bad("algorithm.lr", self.lr, "a number > 0")
+        if self.cohort_sampler not in COHORT_SAMPLERS:
+            raise bad(
+                "algorithm.cohort_sampler", self.cohort_sampler, f"one of {list(COHORT_SAMPLERS)}"
+            )
+        if self.model_dropout is not None and not 0 <= self.model_dropout < 1:
+            raise bad("algorithm.model_dropout", self.model_dropout, "a rate in [0, 1), or null")
+        if self.baseline_train_data not in BASELINE_TRAIN_DATA:
+            raise bad(
+                "algorithm.baseline_train_data",
+                self.baseline_train_data,
+                f"one of {list(BASELINE_TRAIN_DATA)}",
+            )
 
 
 @dataclass
@@ -231,6 +178,57 @@ class StopConfig:
 
 
 @dataclass
+class SystemsConfig:
+    """The simulated devices and network (`systems/`): what a round costs in seconds.
+
+    The DoFed-SPP clock (its Sec. III): a round lasts the slowest participant's compute plus the
+    serialized uploads m / r_i; DoFed-SPP, its baselines and the FedAvg family on its tasks read
+    it. Methods that keep no clock ignore it.
+    """
+
+    name: str = "wireless"
+    # Uplink rates: empirical (r_i ~ U[wireless_rate_mbps] MB/s per upload) | shannon (Eq. 8).
+    wireless_mode: str = "empirical"
+    wireless_rate_mbps: list[float] = field(default_factory=lambda: [2.0, 10.0])
+    wireless_bandwidth_hz: float = 10e6  # shannon: b
+    wireless_power_w: float = 0.2  # shannon: p
+    wireless_noise_dbm_hz: float = -174.0  # shannon: N0
+    wireless_distance_km: list[float] = field(default_factory=lambda: [0.05, 0.5])  # per client
+    # Compute: seconds per training sample per epoch and per inference sample (a placeholder
+    # calibration, docs/choices.md A17).
+    time_sec_per_train_sample: float = 2e-4
+    time_sec_per_infer_sample: float = 5e-5
+
+    def __post_init__(self) -> None:
+        if self.wireless_mode not in WIRELESS_MODES:
+            raise bad("systems.wireless_mode", self.wireless_mode, f"one of {list(WIRELESS_MODES)}")
+        _check_range("systems.wireless_rate_mbps", self.wireless_rate_mbps)
+        _check_range("systems.wireless_distance_km", self.wireless_distance_km)
+        for key, value in (
+            ("wireless_bandwidth_hz", self.wireless_bandwidth_hz),
+            ("wireless_power_w", self.wireless_power_w),
+        ):
+            if not value > 0:
+                raise bad(f"systems.{key}", value, "a number > 0")
+        for key, value in (
+            ("time_sec_per_train_sample", self.time_sec_per_train_sample),
+            ("time_sec_per_infer_sample", self.time_sec_per_infer_sample),
+        ):
+            if not value >= 0:
+                raise bad(f"systems.{key}", value, "seconds >= 0")
+
+
+WIRELESS_MODES = ("empirical", "shannon")
+
+
+def _check_range(key: str, value: Any) -> None:
+    """A [low, high] pair with 0 < low <= high."""
+    ok = isinstance(value, list | tuple) and len(value) == 2
+    if not ok or not all(isinstance(v, int | float) for v in value) or not 0 < value[0] <= value[1]:
+        raise bad(key, value, "a pair [low, high] with 0 < low <= high")
+
+
+@dataclass
 class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
@@ -238,6 +236,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     stop: StopConfig = field(default_factory=StopConfig)
+    systems: SystemsConfig = field(default_factory=SystemsConfig)
     seed: int = 0
     # The seed of the data (partition, subsample, server pool); null = `seed`. Fix it to vary
     # only the training randomness (model init, cohort sampling, dropout) across seeds.
@@ -291,31 +290,6 @@ def check_writers(writers: Any) -> None:
         raise bad("writers", names, "'mlflow' needs the mlflow package: pip install mlflow")
 
 
-def register_configs() -> None:
-    cs = ConfigStore.instance()
-    cs.store(name="base_config", node=Config)
-    for group, node in [
-        ("algorithm", AlgorithmConfig),
-        ("dataset", DatasetConfig),
-        ("partition", PartitionConfig),
-        ("model", ModelConfig),
-        ("hardware", HardwareConfig),
-    ]:
-        cs.store(group=group, name=f"base_{group}", node=node)
-
-
-def as_config(cfg: Any) -> Config:
-    """An OmegaConf node (or Config) as a plain `Config` of dataclasses."""
-    if isinstance(cfg, Config):
-        return cfg
-    from omegaconf import OmegaConf
-
-    obj = OmegaConf.to_object(cfg)
-    if not isinstance(obj, Config):  # composed without the base_config schema
-        raise TypeError(f"expected a config composed on base_config, got {type(obj).__name__}")
-    return obj
-
-
 def parse_chunk(key: str, value: Any, auto: bool = False) -> int | str:
     """A chunk size: a positive integer, 'all', or (where `auto`) 'auto'."""
     allowed = "a positive integer, 'all' or 'auto'" if auto else "a positive integer or 'all'"
@@ -360,9 +334,10 @@ def validate(cfg: Config) -> None:
     from fedjax_semi.models.zoo import model_names
     from fedjax_semi.names import ALGORITHM_NAMES
 
-    a, p, h = cfg.algorithm, cfg.partition, cfg.hardware
-    if a.name not in ALGORITHM_NAMES:
-        raise bad("algorithm.name", a.name, f"one of {sorted(ALGORITHM_NAMES)}")
+    p, h = cfg.partition, cfg.hardware
+    if cfg.algorithm.name not in ALGORITHM_NAMES:
+        name = cfg.algorithm.name
+        raise bad("algorithm.name", name, f"one of {sorted(ALGORITHM_NAMES)}")
     if not is_known_dataset(cfg.dataset.name):
         raise bad("dataset.name", cfg.dataset.name, f"one of {dataset_names()} or tfds:NAME")
     if not 0 < cfg.dataset.fraction <= 1:
@@ -394,38 +369,6 @@ def validate(cfg: Config) -> None:
         if getattr(cfg, key) < 1:
             raise bad(key, getattr(cfg, key), "an integer >= 1")
     check_partition(p)
-    if a.local_epochs < 0 or a.local_steps < 0 or (a.local_epochs == 0 and a.local_steps == 0):
-        raise bad(
-            "algorithm.local_epochs",
-            a.local_epochs,
-            "an integer >= 1, or 0 with algorithm.local_steps >= 1",
-        )
-    if a.batch_size < 1:
-        raise bad("algorithm.batch_size", a.batch_size, "an integer >= 1")
-    from fedjax_semi.engine.train import optimizer_names
-
-    if a.optimizer not in optimizer_names():
-        raise bad("algorithm.optimizer", a.optimizer, f"an optax optimizer: {optimizer_names()}")
-    if not a.lr > 0:
-        raise bad("algorithm.lr", a.lr, "a number > 0")
-    from fedjax_semi.engine.clients import COHORT_SAMPLERS
-
-    if a.cohort_sampler not in COHORT_SAMPLERS:
-        raise bad("algorithm.cohort_sampler", a.cohort_sampler, f"one of {list(COHORT_SAMPLERS)}")
-    if a.weighting not in ("num_samples", "uniform"):
-        raise bad("algorithm.weighting", a.weighting, "one of ['num_samples', 'uniform']")
-    from fedjax_semi.engine.aggregate import SHARE_PRESETS
-
-    if a.shared not in SHARE_PRESETS:
-        raise bad("algorithm.shared", a.shared, f"one of {sorted(SHARE_PRESETS)}")
-    if a.prox_mu < 0:
-        raise bad("algorithm.prox_mu", a.prox_mu, "a number >= 0")
-    if a.pl_threshold is None and a.name != "um_pfssl":
-        raise bad("algorithm.pl_threshold", None, "a number in [0, 1] (null only for um_pfssl)")
-    if a.pl_threshold is not None and not 0 <= a.pl_threshold <= 1:
-        raise bad("algorithm.pl_threshold", a.pl_threshold, "a number in [0, 1], or null")
-    if a.unlabeled_batch_ratio < 1:
-        raise bad("algorithm.unlabeled_batch_ratio", a.unlabeled_batch_ratio, "an integer >= 1")
     chunk = parse_chunk("hardware.chunk", h.chunk, auto=True)
     parse_chunk("hardware.eval_chunk", h.eval_chunk)
     parse_chunk("hardware.replica_chunk", h.replica_chunk)

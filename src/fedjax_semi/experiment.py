@@ -236,6 +236,7 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
         clients_per_round=cfg.clients_per_round,
         data_seed=data_seed(cfg),
         eval_batch=cfg.hardware.eval_batch,
+        systems=cfg.systems,
     )
     return Experiment(cfg, ds, part, fed, model, alg)
 

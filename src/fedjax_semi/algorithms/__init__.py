@@ -9,6 +9,7 @@ from fedjax_semi.algorithms import (  # noqa: F401  (register methods)
     um_pfssl,
 )
 from fedjax_semi.algorithms.base import (
+    ALGORITHM_CONFIGS,
     ALGORITHMS,
     Algorithm,
     FLState,
@@ -23,4 +24,11 @@ if sorted(ALGORITHMS) != sorted(ALGORITHM_NAMES):  # config validates against AL
         f"registered algorithms {sorted(ALGORITHMS)}"
     )
 
-__all__ = ["ALGORITHMS", "Algorithm", "FLState", "algorithm_names", "make_algorithm"]
+__all__ = [
+    "ALGORITHM_CONFIGS",
+    "ALGORITHMS",
+    "Algorithm",
+    "FLState",
+    "algorithm_names",
+    "make_algorithm",
+]

@@ -20,9 +20,11 @@ from typing import Any, ClassVar, Protocol
 import jax
 import jax.numpy as jnp
 
+from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, TrainView
 from fedjax_semi.engine.clients import select_cohort
 from fedjax_semi.engine.state import FLState
+from fedjax_semi.errors import bad
 
 PyTree = Any
 Mapper = Callable[..., PyTree]  # mapper(fn, xs, *shared) -> stacked outputs
@@ -109,11 +111,16 @@ def client_accuracy(result: dict) -> tuple[jax.Array, jax.Array]:
 
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
+# Each method's config class (stored in Hydra's ConfigStore as schema/algorithm/<name>).
+ALGORITHM_CONFIGS: dict[str, type[AlgorithmConfig]] = {}
 
 
-def register(name: str):
+def register(name: str, config: type[AlgorithmConfig]):
+    """Register `factory(cfg, **kw) -> Algorithm` under `name`, with the config class it reads."""
+
     def deco(factory):
         ALGORITHMS[name] = factory
+        ALGORITHM_CONFIGS[name] = config
         return factory
 
     return deco
@@ -123,7 +130,21 @@ def algorithm_names() -> list[str]:
     return sorted(ALGORITHMS)
 
 
-def make_algorithm(name: str, **kwargs) -> Algorithm:
+def check_config_class(name: str, cfg: AlgorithmConfig) -> None:
+    """`algorithm.name` must be the method whose config `cfg` is (an `algorithm.name=...`
+    override on another method's option would hand a method knobs it does not read)."""
     if name not in ALGORITHMS:
-        raise ValueError(f"algorithm.name={name!r} is not allowed: one of {algorithm_names()}")
+        raise bad("algorithm.name", name, f"one of {algorithm_names()}")
+    want = ALGORITHM_CONFIGS[name]
+    if type(cfg) is not want:
+        raise bad(
+            "algorithm.name",
+            name,
+            f"the name of the selected algorithm option (its config is {type(cfg).__name__}, "
+            f"{name} reads {want.__name__}): choose the method with algorithm={name}",
+        )
+
+
+def make_algorithm(name: str, **kwargs) -> Algorithm:
+    check_config_class(name, kwargs["cfg"])
     return ALGORITHMS[name](**kwargs)

@@ -32,19 +32,16 @@ from flax import struct
 from fedjax_semi.algorithms.dofed_task import (  # noqa: F401 (re-exported for the baselines)
     DOFED_ROLES,
     Roles,
-    check_clock_config,
     client_evaluator,
     data_roles,
     evaluate_clients,
 )
-from fedjax_semi.config import AlgorithmConfig, ConfigError, bad
+from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable
+from fedjax_semi.errors import ConfigError, bad
 from fedjax_semi.models.zoo import Model
-from fedjax_semi.systems import wireless
 
 PyTree = Any
-
-TRAIN_DATA = ("train_and_lab", "train")
 
 
 @struct.dataclass
@@ -100,18 +97,6 @@ def training_table(roles: dict[str, RoleTable], mode: str) -> RoleTable:
     return concat_tables(roles[r.train], roles[r.lab])
 
 
-# ----------------------------------------------------------------------------- clock
-
-
-def participant_compute_time(
-    cfg: AlgorithmConfig, n_train: jax.Array, n_infer: jax.Array | int = 0
-) -> jax.Array:
-    """Slowest participant's compute (spec 2.8): E t_train(|D|) + t_infer(n_infer); [S] -> []."""
-    train = wireless.compute_time(n_train, cfg.time_sec_per_train_sample, cfg.local_epochs)
-    infer = wireless.compute_time(n_infer, cfg.time_sec_per_infer_sample)
-    return jnp.max(train + infer)
-
-
 # ----------------------------------------------------------------------------- labels, scores
 
 
@@ -134,13 +119,8 @@ def predict_labels(
     return jnp.where(table.mask, labels, -1)
 
 
-def check_common(cfg: AlgorithmConfig, name: str) -> None:
-    """The knobs both baselines read; each bad value names key, value and what is allowed."""
-    c = cfg
-    if c.baseline_train_data not in TRAIN_DATA:
-        raise bad(
-            "algorithm.baseline_train_data", c.baseline_train_data, f"one of {list(TRAIN_DATA)}"
-        )
-    if c.local_epochs < 1:
-        raise bad("algorithm.local_epochs", c.local_epochs, f"an integer >= 1 for {name}")
-    check_clock_config(c)
+def check_epochs(cfg: AlgorithmConfig, name: str) -> None:
+    """A baseline on DoFed-SPP's tasks trains by epochs over its rows (its compute time counts
+    them), never by a fixed number of steps."""
+    if cfg.local_epochs < 1:
+        raise bad("algorithm.local_epochs", cfg.local_epochs, f"an integer >= 1 for {name}")

@@ -46,13 +46,14 @@ from fedjax_semi.algorithms.base import (
     register,
 )
 from fedjax_semi.algorithms.dofed_task import (
-    check_dofed_spp_config,
+    DoFedSPPConfig,
+    check_selection_k,
     client_evaluator,
     data_roles,
     evaluate_clients,
     low_rank,
 )
-from fedjax_semi.config import AlgorithmConfig, ConfigError
+from fedjax_semi.config import SystemsConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import broadcast, gather
 from fedjax_semi.engine.keys import (
@@ -72,9 +73,11 @@ from fedjax_semi.engine.train import (
     local_train,
     make_optimizer,
 )
+from fedjax_semi.errors import ConfigError
 from fedjax_semi.kernels import similarity as sim
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
+from fedjax_semi.systems.compute import Compute
 from fedjax_semi.systems.uplink import Uplink
 
 PyTree = Any
@@ -106,12 +109,13 @@ class DoFedPlan:
 
 @dataclasses.dataclass
 class DoFedSPP(Capabilities):
-    cfg: AlgorithmConfig
+    cfg: DoFedSPPConfig
     model: Model
     num_clients: int
     clients_per_round: int  # not used: every client trains every round
     data_seed: int = 0  # host-side draws of the data (unused here)
     eval_batch: int = 1000
+    systems: SystemsConfig = dataclasses.field(default_factory=SystemsConfig)
     name: str = "dofed_spp"
     roles: tuple[str, ...] = ("labeled", "target_labeled", "target_unlabeled", "test")
     oracle: bool = False
@@ -127,7 +131,8 @@ class DoFedSPP(Capabilities):
         self.schedule_tar = Schedule(c.batch_size, c.local_epochs_tar, 0)
         template = jax.eval_shape(self.model.init, SHAPE_KEY)
         self.model_mb = wireless.model_size_mb(wireless.param_count(template["params"]))
-        self.uplink = Uplink.from_config(c, self.model_mb)
+        self.uplink = Uplink.from_config(self.systems, self.model_mb)
+        self.compute = Compute.from_config(self.systems)
         self.gamma = c.lr if c.sr_gamma is None else c.sr_gamma
         self.budget_mode = c.selection_mode == "budget"
         # Labeling slots per client: B in fixed mode; all N (zero weights) when B varies.
@@ -194,8 +199,8 @@ class DoFedSPP(Capabilities):
             data.roles[roles.lab].count,
             n,
             self.cfg.warmup_rounds,
-            sec_per_train_sample=self.cfg.time_sec_per_train_sample,
-            sec_per_infer_sample=self.cfg.time_sec_per_infer_sample,
+            sec_per_train_sample=self.compute.sec_per_train_sample,
+            sec_per_infer_sample=self.compute.sec_per_infer_sample,
             epochs_rec=self.cfg.local_epochs,
         )
         comm = dict(ex["comm"], warmup_uploads=jnp.int32(n))
@@ -244,11 +249,11 @@ class DoFedSPP(Capabilities):
         n_train, n_lab, n_unl = counts
         fixed = wireless.dofed_compute_time(
             n_train, n_lab, n_unl, self.num_clients, 0,
-            sec_per_train_sample=c.time_sec_per_train_sample,
-            sec_per_infer_sample=c.time_sec_per_infer_sample,
+            sec_per_train_sample=self.compute.sec_per_train_sample,
+            sec_per_infer_sample=self.compute.sec_per_infer_sample,
             epochs_rec=c.local_epochs, epochs_tar=c.local_epochs_tar,
         )  # fmt: skip
-        per_label_model = jnp.max(wireless.compute_time(n_unl, c.time_sec_per_infer_sample))
+        per_label_model = jnp.max(wireless.compute_time(n_unl, self.compute.sec_per_infer_sample))
         return wireless.budget_constants(
             c.selection_time_per_round_s,
             fixed,
@@ -453,8 +458,8 @@ class DoFedSPP(Capabilities):
         t_up, per_upload = self.uplink.upload_time(key, sel.chosen, t, ex)
         t_comp = wireless.dofed_compute_time(
             *plan.counts, n, sel.b,
-            sec_per_train_sample=c.time_sec_per_train_sample,
-            sec_per_infer_sample=c.time_sec_per_infer_sample,
+            sec_per_train_sample=self.compute.sec_per_train_sample,
+            sec_per_infer_sample=self.compute.sec_per_infer_sample,
             epochs_rec=c.local_epochs, epochs_tar=c.local_epochs_tar,
         )  # fmt: skip
         uploads = jnp.sum(sel.chosen).astype(jnp.int32)
@@ -516,8 +521,7 @@ class DoFedSPP(Capabilities):
 # ----------------------------------------------------------------------------- config
 
 
-@register("dofed_spp")
-def dofed_spp(cfg: AlgorithmConfig, **kw) -> DoFedSPP:
-    """DoFed-SPP with its config checked: every bad value names key, value and what is allowed."""
-    check_dofed_spp_config(cfg, kw["num_clients"])
+@register("dofed_spp", DoFedSPPConfig)
+def dofed_spp(cfg: DoFedSPPConfig, **kw) -> DoFedSPP:
+    check_selection_k(cfg, kw["num_clients"])
     return DoFedSPP(cfg, **kw)

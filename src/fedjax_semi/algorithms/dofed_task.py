@@ -1,18 +1,20 @@
 """What DoFed-SPP and its baselines share on DoFed-SPP's tasks (Ching et al., IEEE TSC 2023):
 which role tables play D_train, D_lab and D_unl, the classification evaluation of Sec. IV, the
-checks of the clock's knobs and of DoFed-SPP's own, and the low-rank model copy."""
+DoFed-SPP's config, and the low-rank model copy."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_semi.algorithms.base import FLState, Mapper, client_accuracy
-from fedjax_semi.config import AlgorithmConfig, bad
+from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData
 from fedjax_semi.engine.train import evaluate_row
+from fedjax_semi.errors import bad, check_choice
 from fedjax_semi.models.zoo import Model
 
 PyTree = Any
@@ -91,74 +93,85 @@ CHOICES = {
 }
 
 
-WIRELESS_MODES = ("empirical", "shannon")
+@dataclasses.dataclass
+class DoFedSPPConfig(AlgorithmConfig):
+    """DoFed-SPP's knobs (the paper's Sec. III; choices it leaves open are knobs,
+    docs/choices.md). The reciprocal models train with lr (gamma), local_epochs and batch_size;
+    optimizer and momentum apply to both models and restart every round. Every client trains
+    every round (clients_per_round is not used); selection_k clients upload. The clock is
+    `systems`' (uploads, seconds per sample)."""
+
+    name: str = "dofed_spp"
+    init_mode: str = "shared"  # shared (one init broadcast) | per_client initial models
+    warmup_rounds: int = 10  # L: rounds of local reciprocal training before Phase 0's uploads
+    lr_tar: float = 0.01  # alpha: student (target model) learning rate
+    local_epochs_tar: int = 1  # E_tar: student epochs per round over D^p = D_unl + D_lab
+    sr_gamma: float | None = None  # gamma of Eq. 19; null = lr (the reciprocal learning rate)
+    sr_g1: Any = 0.0  # G1 >= 0, or "auto": max pairwise distance of the current models (A1)
+    sr_g2: float = 3.0  # G2 >= 0, a loss margin (3 for the CNN, 1 for the text model, A1)
+    sr_eps: float = 1e-8  # floor of the distances in Eq. 19
+    sr_target_version: str = "pre_update"  # target model of Eq. 19: pre_update | post_update
+    sr_degenerate: str = "keep_previous"  # rows with every a = 0: keep_previous | uniform (A4)
+    sr_exclude_self: bool = False  # drop S[n, n] (A3)
+    selection_mode: str = "fixed"  # fixed (selection_k, selection_b) | budget (Ineq. 26)
+    selection_k: int = 10  # K uploaders per round (fixed mode)
+    selection_b: int = 10  # B labeling models per client, 1 <= B <= K (fixed mode)
+    selection_time_per_round_s: float | None = None  # T / G of Ineq. 25, budget mode only
+    label_renormalize: bool = False  # Eq. 20 weights over B summing to 1 (argmax unchanged)
+    pca_rank: int = 0  # > 0: low-rank SVD of every >= 2-D weight before broadcast; 0 off
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        c = self
+        check_choice("algorithm.init_mode", c.init_mode, CHOICES["init_mode"])
+        check_choice(
+            "algorithm.sr_target_version", c.sr_target_version, CHOICES["sr_target_version"]
+        )
+        check_choice("algorithm.sr_degenerate", c.sr_degenerate, CHOICES["sr_degenerate"])
+        check_choice("algorithm.selection_mode", c.selection_mode, CHOICES["selection_mode"])
+        if c.selection_mode == "fixed":
+            if c.selection_k < 1:
+                raise bad("algorithm.selection_k", c.selection_k, "an integer >= 1")
+            if not 1 <= c.selection_b <= c.selection_k:
+                raise bad(
+                    "algorithm.selection_b",
+                    c.selection_b,
+                    f"an integer in [1, selection_k={c.selection_k}]",
+                )
+        else:
+            t = c.selection_time_per_round_s
+            if t is None or not t > 0:
+                raise bad(
+                    "algorithm.selection_time_per_round_s",
+                    t,
+                    "a number of seconds > 0 (T / G) with selection_mode=budget",
+                )
+        if c.local_epochs < 1:
+            raise bad("algorithm.local_epochs", c.local_epochs, "an integer >= 1 for dofed_spp")
+        if c.local_epochs_tar < 1:
+            raise bad("algorithm.local_epochs_tar", c.local_epochs_tar, "an integer >= 1")
+        if c.warmup_rounds < 0:
+            raise bad("algorithm.warmup_rounds", c.warmup_rounds, "an integer >= 0")
+        if not c.lr_tar > 0:
+            raise bad("algorithm.lr_tar", c.lr_tar, "a number > 0")
+        if c.sr_gamma is not None and not c.sr_gamma > 0:
+            raise bad("algorithm.sr_gamma", c.sr_gamma, "a number > 0, or null for algorithm.lr")
+        g1 = c.sr_g1
+        if g1 != "auto" and (isinstance(g1, bool) or not isinstance(g1, int | float) or g1 < 0):
+            raise bad("algorithm.sr_g1", g1, "a number >= 0 or 'auto'")
+        if not c.sr_g2 >= 0:
+            raise bad("algorithm.sr_g2", c.sr_g2, "a number >= 0")
+        if not c.sr_eps > 0:
+            raise bad("algorithm.sr_eps", c.sr_eps, "a number > 0")
+        if c.pca_rank < 0:
+            raise bad("algorithm.pca_rank", c.pca_rank, "an integer >= 0 (0 = off)")
 
 
-def _range(key: str, value: Any) -> None:
-    """A [low, high] pair with 0 < low <= high."""
-    ok = isinstance(value, list | tuple) and len(value) == 2
-    if not ok or not all(isinstance(v, int | float) for v in value) or not 0 < value[0] <= value[1]:
-        raise bad(key, value, "a pair [low, high] with 0 < low <= high")
-
-
-def check_clock_config(c: AlgorithmConfig) -> None:
-    """The wireless and time knobs (spec 2.8) that DoFed-SPP and its baselines share."""
-    if c.wireless_mode not in WIRELESS_MODES:
-        raise bad("algorithm.wireless_mode", c.wireless_mode, f"one of {list(WIRELESS_MODES)}")
-    _range("algorithm.wireless_rate_mbps", c.wireless_rate_mbps)
-    _range("algorithm.wireless_distance_km", c.wireless_distance_km)
-    for key in ("wireless_bandwidth_hz", "wireless_power_w"):
-        if not getattr(c, key) > 0:
-            raise bad(f"algorithm.{key}", getattr(c, key), "a number > 0")
-    for key in ("time_sec_per_train_sample", "time_sec_per_infer_sample"):
-        if not getattr(c, key) >= 0:
-            raise bad(f"algorithm.{key}", getattr(c, key), "seconds >= 0")
-
-
-def check_dofed_spp_config(cfg: AlgorithmConfig, num_clients: int) -> None:
-    """DoFed-SPP's knobs: every bad value names key, value and what is allowed."""
-    c = cfg
-    for key, allowed in CHOICES.items():
-        if getattr(c, key) not in allowed:
-            raise bad(f"algorithm.{key}", getattr(c, key), f"one of {list(allowed)}")
-    n = num_clients
-    if c.selection_mode == "fixed":
-        if not 1 <= c.selection_k <= n:
-            raise bad("algorithm.selection_k", c.selection_k, f"an integer in [1, num_clients={n}]")
-        if not 1 <= c.selection_b <= c.selection_k:
-            raise bad(
-                "algorithm.selection_b",
-                c.selection_b,
-                f"an integer in [1, selection_k={c.selection_k}]",
-            )
-    else:
-        t = c.selection_time_per_round_s
-        if t is None or not t > 0:
-            raise bad(
-                "algorithm.selection_time_per_round_s",
-                t,
-                "a number of seconds > 0 (T / G) with selection_mode=budget",
-            )
-    if c.local_epochs < 1:
-        raise bad("algorithm.local_epochs", c.local_epochs, "an integer >= 1 for dofed_spp")
-    if c.local_epochs_tar < 1:
-        raise bad("algorithm.local_epochs_tar", c.local_epochs_tar, "an integer >= 1")
-    if c.warmup_rounds < 0:
-        raise bad("algorithm.warmup_rounds", c.warmup_rounds, "an integer >= 0")
-    if not c.lr_tar > 0:
-        raise bad("algorithm.lr_tar", c.lr_tar, "a number > 0")
-    if c.sr_gamma is not None and not c.sr_gamma > 0:
-        raise bad("algorithm.sr_gamma", c.sr_gamma, "a number > 0, or null for algorithm.lr")
-    g1 = c.sr_g1
-    if g1 != "auto" and (isinstance(g1, bool) or not isinstance(g1, int | float) or g1 < 0):
-        raise bad("algorithm.sr_g1", g1, "a number >= 0 or 'auto'")
-    if not c.sr_g2 >= 0:
-        raise bad("algorithm.sr_g2", c.sr_g2, "a number >= 0")
-    if not c.sr_eps > 0:
-        raise bad("algorithm.sr_eps", c.sr_eps, "a number > 0")
-    if c.pca_rank < 0:
-        raise bad("algorithm.pca_rank", c.pca_rank, "an integer >= 0 (0 = off)")
-    check_clock_config(c)
+def check_selection_k(cfg: DoFedSPPConfig, num_clients: int) -> None:
+    """Fixed mode uploads K <= N models per round."""
+    if cfg.selection_mode == "fixed" and not cfg.selection_k <= num_clients:
+        k, n = cfg.selection_k, num_clients
+        raise bad("algorithm.selection_k", k, f"an integer in [1, num_clients={n}]")
 
 
 def low_rank(variables: PyTree, rank: int) -> PyTree:

@@ -25,6 +25,7 @@ D_unl as `pl_index` / `pl_label`, which the engine scores into `pl_acc`.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -40,9 +41,10 @@ from fedjax_semi.algorithms.base import (
     cohort_metrics,
     register,
 )
-from fedjax_semi.config import AlgorithmConfig, bad
+from fedjax_semi.config import AlgorithmConfig, SystemsConfig
 from fedjax_semi.data.federated import FederatedData, TrainView
 from fedjax_semi.engine import aggregate
+from fedjax_semi.engine.aggregate import SHARE_PRESETS
 from fedjax_semi.engine.clients import broadcast, gather, scatter
 from fedjax_semi.engine.keys import DROPOUT, INIT, SAMPLE, client_key
 from fedjax_semi.engine.train import (
@@ -53,9 +55,53 @@ from fedjax_semi.engine.train import (
     local_train,
     make_optimizer,
 )
+from fedjax_semi.errors import bad
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
+from fedjax_semi.systems.compute import Compute
 from fedjax_semi.systems.uplink import Uplink
+
+WEIGHTINGS = ("num_samples", "uniform")
+
+
+@dataclasses.dataclass
+class FedAvgConfig(AlgorithmConfig):
+    """The FedAvg family's knobs (and UM-pFSSL's and pFedMe's, which extend it)."""
+
+    name: str = "fedavg"
+    # Keep each client's optimizer state across rounds (personalized methods) or reset it.
+    persist_optimizer: bool = False
+    server_lr: float = 1.0
+    weighting: str = "num_samples"  # num_samples | uniform
+    # Which leaves the server averages: all | none | fedbn | fedper | lg (see engine.aggregate).
+    shared: str = "all"
+    prox_mu: float = 0.0  # FedProx proximal term (mu / 2) ||w - w_global||^2
+    # Pseudo-labelling of the client's own unlabeled data (fedavg_pl, the FixMatch methods): keep
+    # a pseudo-label when its top probability is >= pl_threshold. null = keep all (um_pfssl only).
+    pl_threshold: float | None = 0.95
+    pl_weight: float = 1.0
+    unlabeled_batch_ratio: int = 1  # unlabeled batch = ratio * batch_size
+    pl_warmup_rounds: int = 0  # rounds of labeled-only training before pseudo-labels are used
+
+    # May pl_threshold be null (keep every pseudo-label)? UM-pFSSL's config says yes.
+    pl_threshold_nullable: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.weighting not in WEIGHTINGS:
+            raise bad("algorithm.weighting", self.weighting, f"one of {list(WEIGHTINGS)}")
+        if self.shared not in SHARE_PRESETS:
+            raise bad("algorithm.shared", self.shared, f"one of {sorted(SHARE_PRESETS)}")
+        if self.prox_mu < 0:
+            raise bad("algorithm.prox_mu", self.prox_mu, "a number >= 0")
+        if self.pl_threshold is None and not self.pl_threshold_nullable:
+            raise bad("algorithm.pl_threshold", None, "a number in [0, 1] (null only for um_pfssl)")
+        if self.pl_threshold is not None and not 0 <= self.pl_threshold <= 1:
+            raise bad("algorithm.pl_threshold", self.pl_threshold, "a number in [0, 1], or null")
+        if self.unlabeled_batch_ratio < 1:
+            raise bad(
+                "algorithm.unlabeled_batch_ratio", self.unlabeled_batch_ratio, "an integer >= 1"
+            )
 
 
 @struct.dataclass
@@ -69,12 +115,13 @@ class FedAvgPlan:
 
 @dataclasses.dataclass
 class FedAvgFamily(Capabilities):
-    cfg: AlgorithmConfig
+    cfg: FedAvgConfig
     model: Model
     num_clients: int
     clients_per_round: int
     data_seed: int = 0  # host-side draws of the data (unused here)
     eval_batch: int = 1000
+    systems: SystemsConfig = dataclasses.field(default_factory=SystemsConfig)
     name: str = "fedavg"
     primary: str = "labeled"  # the role local epochs run over
     oracle: bool = False
@@ -104,14 +151,16 @@ class FedAvgFamily(Capabilities):
         self.global_eval_model = self.model.with_conv("xla")
         self.unlabeled_batch = c.unlabeled_batch_ratio * c.batch_size if self.pseudo_labels else 0
         self.model_mb = wireless.model_size_mb(wireless.param_count(template["params"]))
-        self.uplink = Uplink.from_config(c, self.model_mb)  # DoFed-SPP's tasks' clock
+        # DoFed-SPP's tasks' clock.
+        self.uplink = Uplink.from_config(self.systems, self.model_mb)
+        self.compute = Compute.from_config(self.systems)
 
     # ------------------------------------------------------------------ state
 
     def init(self, key: jax.Array, fed: FederatedData) -> FLState:
         clock = {}
         if dofed.is_target_task(fed.roles):
-            dofed.check_common(self.cfg, self.name)
+            dofed.check_epochs(self.cfg, self.name)
             clock = self.uplink.init_state(key, self.num_clients)
         gv = self.model.init(client_key(key, INIT, 0, 0))
         n = self.num_clients
@@ -232,7 +281,7 @@ class FedAvgFamily(Capabilities):
         c, t = self.cfg, state.round
         chosen = jnp.zeros((self.num_clients,), bool).at[plan.cohort].set(self.communicates)
         t_up, per_upload = self.uplink.upload_time(key, chosen, t, old.extra)
-        t_comp = dofed.participant_compute_time(c, plan.n_train)
+        t_comp = self.compute.slowest(plan.n_train, c.local_epochs)
         if self.personal:
             models = jax.vmap(lambda p: self.client_model(state.global_vars, p))(state.client_vars)
         else:
@@ -291,31 +340,31 @@ class FedAvgFamily(Capabilities):
         return out
 
 
-def _check(cfg: AlgorithmConfig, name: str, **required) -> None:
+def _check(cfg: FedAvgConfig, name: str, **required) -> None:
     for key, (ok, allowed) in required.items():
         value = getattr(cfg, key)
         if not ok(value):
             raise bad(f"algorithm.{key}", value, f"{allowed} for algorithm {name}")
 
 
-@register("fedavg")
-def fedavg(cfg: AlgorithmConfig, **kw) -> FedAvgFamily:
+@register("fedavg", FedAvgConfig)
+def fedavg(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
     return FedAvgFamily(cfg, name="fedavg", **kw)
 
 
-@register("fedavg_sl")
-def fedavg_sl(cfg: AlgorithmConfig, **kw) -> FedAvgFamily:
+@register("fedavg_sl", FedAvgConfig)
+def fedavg_sl(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
     return FedAvgFamily(cfg, name="fedavg_sl", primary="train", oracle=True, **kw)
 
 
-@register("fedprox")
-def fedprox(cfg: AlgorithmConfig, **kw) -> FedAvgFamily:
+@register("fedprox", FedAvgConfig)
+def fedprox(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
     _check(cfg, "fedprox", prox_mu=(lambda v: v > 0, "a number > 0"))
     return FedAvgFamily(cfg, name="fedprox", **kw)
 
 
-@register("fedavg_pl")
-def fedavg_pl(cfg: AlgorithmConfig, **kw) -> FedAvgFamily:
+@register("fedavg_pl", FedAvgConfig)
+def fedavg_pl(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
     _check(cfg, "fedavg_pl", pl_weight=(lambda v: v > 0, "a number > 0"))
     return FedAvgFamily(cfg, name="fedavg_pl", pseudo_labels=True, **kw)
 
@@ -323,7 +372,7 @@ def fedavg_pl(cfg: AlgorithmConfig, **kw) -> FedAvgFamily:
 def _fixmatch(name: str, shared: str, prox: bool):
     """FixMatch local training on D^s / D^u with FedAvg, FedProx or a shared-leaf mask."""
 
-    def factory(cfg: AlgorithmConfig, **kw) -> FedAvgFamily:
+    def factory(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
         req = {
             "shared": (lambda v: v == shared, f"{shared!r}"),
             "pl_weight": (lambda v: v > 0, "a number > 0"),
@@ -333,7 +382,7 @@ def _fixmatch(name: str, shared: str, prox: bool):
         _check(cfg, name, **req)
         return FedAvgFamily(cfg, name=name, pseudo_labels=True, fixmatch=True, **kw)
 
-    register(name)(factory)
+    register(name, FedAvgConfig)(factory)
 
 
 # The semi-supervised baselines of UM-pFSSL's Table 1 (spec section 4): one mechanism, knobs.
@@ -347,21 +396,21 @@ _fixmatch("lg_fedavg", "lg", prox=False)
 def _supervised(name: str, shared: str, prox: bool):
     """FedAvg on every training label with a proximal term or a shared-leaf mask."""
 
-    def factory(cfg: AlgorithmConfig, **kw) -> FedAvgFamily:
+    def factory(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
         req = {"shared": (lambda v: v == shared, f"{shared!r}")}
         if prox:
             req["prox_mu"] = (lambda v: v > 0, "a number > 0")
         _check(cfg, name, **req)
         return FedAvgFamily(cfg, name=name, primary="train", oracle=True, **kw)
 
-    register(name)(factory)
+    register(name, FedAvgConfig)(factory)
 
 
 _supervised("fedprox_sl", "all", prox=True)
 _supervised("fedbn_sl", "fedbn", prox=False)
 
 
-@register("local")
-def local(cfg: AlgorithmConfig, **kw) -> FedAvgFamily:
+@register("local", FedAvgConfig)
+def local(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
     _check(cfg, "local", shared=(lambda v: v == "none", "'none' (nothing is communicated)"))
     return FedAvgFamily(cfg, name="local", **kw)

@@ -43,7 +43,7 @@ from fedjax_semi.algorithms.base import (
     register,
 )
 from fedjax_semi.algorithms.dofed_task import data_roles
-from fedjax_semi.config import AlgorithmConfig, ConfigError, bad
+from fedjax_semi.config import AlgorithmConfig, SystemsConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine import aggregate
 from fedjax_semi.engine.keys import (
@@ -66,8 +66,10 @@ from fedjax_semi.engine.train import (
     make_optimizer,
     masked_mean,
 )
+from fedjax_semi.errors import ConfigError, bad
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
+from fedjax_semi.systems.compute import Compute
 from fedjax_semi.systems.uplink import Uplink
 
 PyTree = Any
@@ -75,6 +77,61 @@ PyTree = Any
 POOLS = ("train_split", "clients_unlabeled", "server")
 TARGETS = ("soft", "hard")
 SERVER_SETS = ("server_unlabeled", "public")  # the partition's unlabeled server sets
+
+
+@dataclasses.dataclass
+class FedBEConfig(AlgorithmConfig):
+    """FedBE (Chen & Chao 2021) as DoFed-SPP's baseline; its local training reuses lr,
+    local_epochs, batch_size, optimizer and momentum; the clock is `systems`'. Defaults marked
+    [FedBE] are the original paper's or code's."""
+
+    name: str = "fedbe"
+    fedbe_samples: int = 10  # S_m models drawn from the Gaussian over client weights [FedBE]
+    fedbe_var_scale: float = 1.0  # samples mu + var_scale * sigma * z, z ~ N(0, I)
+    fedbe_ensemble_clients: bool = True  # ensemble = {mu} + samples (+ the cohort's models)
+    fedbe_pool: str = "train_split"  # server pool: train_split | clients_unlabeled | server
+    fedbe_pool_size: int = 5000  # random subset of the pool, labels never read (0 = all)
+    fedbe_target: str = "soft"  # distillation target: soft (mean softmax) | hard (its argmax)
+    fedbe_distill_epochs: int = 20  # server epochs over the pool per round [FedBE code]
+    fedbe_distill_lr: float = 1e-3
+    fedbe_distill_momentum: float = 0.9
+    fedbe_distill_batch_size: int = 128
+    fedbe_swa: bool = True  # SWA: the global model is the mean of the epoch-end models
+    fedbe_swa_start: int = 10  # first epoch (0-based) whose end model enters the SWA mean
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        c = self
+        if c.local_epochs < 1:
+            raise bad("algorithm.local_epochs", c.local_epochs, "an integer >= 1 for fedbe")
+        if c.fedbe_pool not in POOLS:
+            raise bad("algorithm.fedbe_pool", c.fedbe_pool, f"one of {list(POOLS)}")
+        if c.fedbe_target not in TARGETS:
+            raise bad("algorithm.fedbe_target", c.fedbe_target, f"one of {list(TARGETS)}")
+        for key, low in (
+            ("fedbe_samples", 0),
+            ("fedbe_pool_size", 0),
+            ("fedbe_distill_epochs", 1),
+            ("fedbe_distill_batch_size", 1),
+        ):
+            v = getattr(c, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise bad(f"algorithm.{key}", v, f"an integer >= {low}")
+        if not c.fedbe_var_scale >= 0:
+            raise bad("algorithm.fedbe_var_scale", c.fedbe_var_scale, "a number >= 0")
+        if not c.fedbe_distill_lr > 0:
+            raise bad("algorithm.fedbe_distill_lr", c.fedbe_distill_lr, "a number > 0")
+        if not 0 <= c.fedbe_distill_momentum < 1:
+            raise bad(
+                "algorithm.fedbe_distill_momentum", c.fedbe_distill_momentum, "a number in [0, 1)"
+            )
+        if c.fedbe_swa and not 0 <= c.fedbe_swa_start < c.fedbe_distill_epochs:
+            raise bad(
+                "algorithm.fedbe_swa_start",
+                c.fedbe_swa_start,
+                f"an epoch in [0, fedbe_distill_epochs - 1 = {c.fedbe_distill_epochs - 1}] with "
+                "fedbe_swa=true",
+            )
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -212,12 +269,13 @@ def pool_logits(model: Model, variables: PyTree, x: jax.Array, idx: jax.Array, b
 
 @dataclasses.dataclass
 class FedBE(Capabilities):
-    cfg: AlgorithmConfig
+    cfg: FedBEConfig
     model: Model
     num_clients: int
     clients_per_round: int
     data_seed: int = 0  # the server pool's subset draw belongs to the data
     eval_batch: int = 1000
+    systems: SystemsConfig = dataclasses.field(default_factory=SystemsConfig)
     name: str = "fedbe"
     roles: tuple[str, ...] = ("labeled", "target_labeled", "target_unlabeled", "test")
     oracle: bool = False
@@ -233,7 +291,8 @@ class FedBE(Capabilities):
         self.distill_schedule = Schedule(c.fedbe_distill_batch_size, 1, 0)  # one epoch per call
         template = jax.eval_shape(self.model.init, SHAPE_KEY)
         self.model_mb = wireless.model_size_mb(wireless.param_count(template["params"]))
-        self.uplink = Uplink.from_config(c, self.model_mb)
+        self.uplink = Uplink.from_config(self.systems, self.model_mb)
+        self.compute = Compute.from_config(self.systems)
         # The server's single-model passes (no vmap, no gradient): XLA's conv is faster there.
         self.server_model = self.model.with_conv("xla")
         self.evaluator = common.client_evaluator(self.model, per_client=False)
@@ -385,7 +444,7 @@ class FedBE(Capabilities):
 
         chosen = jnp.zeros((n,), bool).at[cohort].set(True)
         t_up, per_upload = self.uplink.upload_time(key, chosen, t, ex)
-        t_comp = common.participant_compute_time(c, plan.n_train)
+        t_comp = self.compute.slowest(plan.n_train, c.local_epochs)
         moved = jnp.int32(cohort.shape[0])
         comm = {k: v + moved for k, v in ex["comm"].items()}
         # Labeling (spec 3.7): every client labels its D_unl with the global model.
@@ -439,37 +498,6 @@ class FedBE(Capabilities):
         return out
 
 
-@register("fedbe")
-def fedbe(cfg: AlgorithmConfig, **kw) -> FedBE:
-    """FedBE with its config checked: every bad value names key, value and what is allowed."""
-    c = cfg
-    common.check_common(c, "fedbe")
-    if c.fedbe_pool not in POOLS:
-        raise bad("algorithm.fedbe_pool", c.fedbe_pool, f"one of {list(POOLS)}")
-    if c.fedbe_target not in TARGETS:
-        raise bad("algorithm.fedbe_target", c.fedbe_target, f"one of {list(TARGETS)}")
-    for key, low in (
-        ("fedbe_samples", 0),
-        ("fedbe_pool_size", 0),
-        ("fedbe_distill_epochs", 1),
-        ("fedbe_distill_batch_size", 1),
-    ):
-        v = getattr(c, key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise bad(f"algorithm.{key}", v, f"an integer >= {low}")
-    if not c.fedbe_var_scale >= 0:
-        raise bad("algorithm.fedbe_var_scale", c.fedbe_var_scale, "a number >= 0")
-    if not c.fedbe_distill_lr > 0:
-        raise bad("algorithm.fedbe_distill_lr", c.fedbe_distill_lr, "a number > 0")
-    if not 0 <= c.fedbe_distill_momentum < 1:
-        raise bad(
-            "algorithm.fedbe_distill_momentum", c.fedbe_distill_momentum, "a number in [0, 1)"
-        )
-    if c.fedbe_swa and not 0 <= c.fedbe_swa_start < c.fedbe_distill_epochs:
-        raise bad(
-            "algorithm.fedbe_swa_start",
-            c.fedbe_swa_start,
-            f"an epoch in [0, fedbe_distill_epochs - 1 = {c.fedbe_distill_epochs - 1}] with "
-            "fedbe_swa=true",
-        )
+@register("fedbe", FedBEConfig)
+def fedbe(cfg: FedBEConfig, **kw) -> FedBE:
     return FedBE(cfg, **kw)

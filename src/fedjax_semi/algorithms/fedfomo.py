@@ -44,7 +44,7 @@ from fedjax_semi.algorithms.base import (
     register,
 )
 from fedjax_semi.algorithms.dofed_task import data_roles
-from fedjax_semi.config import AlgorithmConfig, bad
+from fedjax_semi.config import AlgorithmConfig, SystemsConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import broadcast, gather, scatter
 from fedjax_semi.engine.keys import DOWNLOAD, INIT, client_key, round_key
@@ -57,14 +57,46 @@ from fedjax_semi.engine.train import (
     local_train,
     make_optimizer,
 )
+from fedjax_semi.errors import bad
 from fedjax_semi.kernels import similarity as sim
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
+from fedjax_semi.systems.compute import Compute
 from fedjax_semi.systems.uplink import Uplink
 
 PyTree = Any
 
 AFFINITY = ("raw", "normalized")
+
+
+@dataclasses.dataclass
+class FedFomoConfig(AlgorithmConfig):
+    """FedFomo (Zhang et al. 2021) as DoFed-SPP's baseline; its local training reuses lr,
+    local_epochs, batch_size, optimizer and momentum; the clock is `systems`'."""
+
+    name: str = "fedfomo"
+    fedfomo_m: int = 10  # M peer models each participating client downloads
+    fedfomo_epsilon: float = 0.3  # epsilon-greedy exploration of the downloads in round 1
+    fedfomo_epsilon_decay: float = 0.05  # epsilon_t = max(epsilon - (t - 1) * decay, 0)
+    fedfomo_affinity: str = "raw"  # P[n, m] += raw (unclipped) | normalized (clipped) weights
+    sr_eps: float = 1e-8  # floor of the loss-per-distance weights' distances
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        c = self
+        if c.local_epochs < 1:
+            raise bad("algorithm.local_epochs", c.local_epochs, "an integer >= 1 for fedfomo")
+        m = c.fedfomo_m
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise bad("algorithm.fedfomo_m", m, "an integer >= 1")
+        if not 0 <= c.fedfomo_epsilon <= 1:
+            raise bad("algorithm.fedfomo_epsilon", c.fedfomo_epsilon, "a probability in [0, 1]")
+        if not c.fedfomo_epsilon_decay >= 0:
+            raise bad("algorithm.fedfomo_epsilon_decay", c.fedfomo_epsilon_decay, "a number >= 0")
+        if c.fedfomo_affinity not in AFFINITY:
+            raise bad("algorithm.fedfomo_affinity", c.fedfomo_affinity, f"one of {list(AFFINITY)}")
+        if not c.sr_eps > 0:
+            raise bad("algorithm.sr_eps", c.sr_eps, "a number > 0 (FedFomo's distance floor)")
 
 
 def fomo_update(own: PyTree, models: PyTree, w: jax.Array) -> PyTree:
@@ -103,12 +135,13 @@ class FomoPlan:
 
 @dataclasses.dataclass
 class FedFomo(Capabilities):
-    cfg: AlgorithmConfig
+    cfg: FedFomoConfig
     model: Model
     num_clients: int
     clients_per_round: int
     data_seed: int = 0  # host-side draws of the data (unused here)
     eval_batch: int = 1000
+    systems: SystemsConfig = dataclasses.field(default_factory=SystemsConfig)
     name: str = "fedfomo"
     roles: tuple[str, ...] = ("labeled", "target_labeled", "target_unlabeled", "test")
     oracle: bool = False
@@ -121,7 +154,8 @@ class FedFomo(Capabilities):
         self.schedule = Schedule(c.batch_size, c.local_epochs, 0)
         template = jax.eval_shape(self.model.init, SHAPE_KEY)
         self.model_mb = wireless.model_size_mb(wireless.param_count(template["params"]))
-        self.uplink = Uplink.from_config(c, self.model_mb)
+        self.uplink = Uplink.from_config(self.systems, self.model_mb)
+        self.compute = Compute.from_config(self.systems)
         self.evaluator = common.client_evaluator(self.model, per_client=True)
 
     # ------------------------------------------------------------------ state
@@ -251,7 +285,7 @@ class FedFomo(Capabilities):
         chosen = jnp.zeros((n,), bool).at[cohort].set(True)
         t_up, per_upload = self.uplink.upload_time(key, chosen, t, ex)
         # Each participant scores its own model and M downloads on D_lab, then trains.
-        t_comp = common.participant_compute_time(c, plan.target.n_train, (m + 1) * plan.n_lab)
+        t_comp = self.compute.slowest(plan.target.n_train, c.local_epochs, (m + 1) * plan.n_lab)
         downloads = jnp.sum(plan.valid).astype(jnp.int32)
         uploads = jnp.int32(cohort.shape[0])
         comm = {
@@ -299,21 +333,10 @@ class FedFomo(Capabilities):
         return common.evaluate_clients(self.evaluator, state, fed, mapper, per_client=True)
 
 
-@register("fedfomo")
-def fedfomo(cfg: AlgorithmConfig, **kw) -> FedFomo:
-    """FedFomo with its config checked: every bad value names key, value and what is allowed."""
-    c = cfg
-    common.check_common(c, "fedfomo")
-    n = kw["num_clients"]
-    m = c.fedfomo_m
-    if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= n - 1:
+@register("fedfomo", FedFomoConfig)
+def fedfomo(cfg: FedFomoConfig, **kw) -> FedFomo:
+    """FedFomo; M must leave a peer to download: 1 <= fedfomo_m <= num_clients - 1."""
+    n, m = kw["num_clients"], cfg.fedfomo_m
+    if not m <= n - 1:
         raise bad("algorithm.fedfomo_m", m, f"an integer in [1, num_clients - 1 = {n - 1}]")
-    if not 0 <= c.fedfomo_epsilon <= 1:
-        raise bad("algorithm.fedfomo_epsilon", c.fedfomo_epsilon, "a probability in [0, 1]")
-    if not c.fedfomo_epsilon_decay >= 0:
-        raise bad("algorithm.fedfomo_epsilon_decay", c.fedfomo_epsilon_decay, "a number >= 0")
-    if c.fedfomo_affinity not in AFFINITY:
-        raise bad("algorithm.fedfomo_affinity", c.fedfomo_affinity, f"one of {list(AFFINITY)}")
-    if not c.sr_eps > 0:
-        raise bad("algorithm.sr_eps", c.sr_eps, "a number > 0 (FedFomo's distance floor)")
     return FedFomo(cfg, **kw)

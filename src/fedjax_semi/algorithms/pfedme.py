@@ -20,16 +20,40 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_semi.algorithms.base import FLState, cohort_metrics, register
-from fedjax_semi.algorithms.fedavg import FedAvgFamily, FedAvgPlan, _check
-from fedjax_semi.config import AlgorithmConfig, bad
+from fedjax_semi.algorithms.fedavg import FedAvgConfig, FedAvgFamily, FedAvgPlan, _check
 from fedjax_semi.engine import aggregate
 from fedjax_semi.engine.clients import scatter
 from fedjax_semi.engine.keys import DROPOUT, SAMPLE, client_key
 from fedjax_semi.engine.train import LocalObjective, batch_positions, random_positions
+from fedjax_semi.errors import bad
+
+
+@dataclasses.dataclass
+class PFedMeConfig(FedAvgConfig):
+    """pFedMe's knobs (values from the pFedMe paper's experiments)."""
+
+    name: str = "pfedme"
+    pfedme_lambda: float = 15.0  # lambda of the Moreau envelope
+    pfedme_inner_steps: int = 5  # K_in steps on theta per local step
+    pfedme_personal_lr: float = 0.01
+    pfedme_beta: float = 1.0  # server step: w <- (1 - beta) w + beta mean_k w_k
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key, value in (
+            ("pfedme_lambda", self.pfedme_lambda),
+            ("pfedme_personal_lr", self.pfedme_personal_lr),
+            ("pfedme_beta", self.pfedme_beta),
+        ):
+            if not value > 0:
+                raise bad(f"algorithm.{key}", value, "a number > 0")
+        if self.pfedme_inner_steps < 1:
+            raise bad("algorithm.pfedme_inner_steps", self.pfedme_inner_steps, "an integer >= 1")
 
 
 @dataclasses.dataclass
 class PFedMe(FedAvgFamily):
+    cfg: PFedMeConfig
     name: str = "pfedme"
 
     def __post_init__(self) -> None:
@@ -134,12 +158,7 @@ class PFedMe(FedAvgFamily):
         ), metrics
 
 
-@register("pfedme")
-def pfedme(cfg: AlgorithmConfig, **kw) -> PFedMe:
+@register("pfedme", PFedMeConfig)
+def pfedme(cfg: PFedMeConfig, **kw) -> PFedMe:
     _check(cfg, "pfedme", pl_weight=(lambda v: v > 0, "a number > 0"))
-    for key in ("pfedme_lambda", "pfedme_personal_lr", "pfedme_beta"):
-        if not getattr(cfg, key) > 0:
-            raise bad(f"algorithm.{key}", getattr(cfg, key), "a number > 0")
-    if cfg.pfedme_inner_steps < 1:
-        raise bad("algorithm.pfedme_inner_steps", cfg.pfedme_inner_steps, "an integer >= 1")
     return PFedMe(cfg, name="pfedme", pseudo_labels=True, fixmatch=True, **kw)

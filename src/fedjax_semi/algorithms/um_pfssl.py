@@ -27,8 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_semi.algorithms.base import FLState, cohort_metrics, register
-from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check
-from fedjax_semi.config import AlgorithmConfig, bad
+from fedjax_semi.algorithms.fedavg import FedAvgConfig, FedAvgFamily, _check
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import broadcast, gather, map_within_client, scatter
 from fedjax_semi.engine.keys import (
@@ -45,6 +44,7 @@ from fedjax_semi.engine.keys import (
     client_key,
 )
 from fedjax_semi.engine.train import Schedule, kl_divergence, local_train, masked_mean
+from fedjax_semi.errors import bad, check_choice
 from fedjax_semi.kernels.selection import lowest_mask, merge_best, sample_excluding
 from fedjax_semi.kernels.uncertainty import (
     aggregation_weights,
@@ -68,8 +68,74 @@ def _stack(head, tail):
     return jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), head, tail)
 
 
+CHOICES = {
+    "corr_form": ("inverse", "complement"),
+    "pseudo_label": ("soft", "hard"),
+    "self_pl_model": ("pre_aggregation", "post_aggregation"),
+    "helper_cache": ("exact", "fresh"),
+    "entropy_reduction": ("mean", "sum"),
+    "acc_mode": ("mc_mean", "deterministic"),
+    "loss_schedule": ("joint", "alternating"),
+    "search_schedule": ("global_rounds", "per_client_participations"),
+}
+
+
+@dataclasses.dataclass
+class UMPFSSLConfig(FedAvgConfig):
+    """UM-pFSSL's knobs (the paper's Sec. 3 and Algorithms 1-2; choices the paper leaves open are
+    knobs, docs/choices.md). Local training reuses the FedAvg family's knobs."""
+
+    name: str = "um_pfssl"
+    helper_list_size: int = 5  # M, self included
+    num_replace: int = 2  # R
+    search_rounds: int = 20  # F: helper search in rounds t <= F
+    refresh_period: int = 10  # nu: refresh kept helpers when t % nu == 0
+    mc_samples: int = 10  # T_mc
+    corr_form: str = "inverse"  # inverse (Eq. 13 literal) | complement
+    pseudo_label: str = "soft"  # soft | hard
+    self_pl_model: str = "pre_aggregation"  # pre_aggregation | post_aggregation
+    refresh_lowest_r: bool = False  # literal Alg. 2: the R lowest slots are not refreshed
+    helper_cache: str = "exact"  # exact (stale local copies) | fresh (always the latest upload)
+    warmup_epochs: int = 5  # E_warm: labeled-only local epochs of every client before round 1
+    entropy_reduction: str = "mean"  # mean (H in [0, 1], A10) | sum (Eq. 12 literally)
+    entropy_eps: float = 1e-6  # floor of H in Corr's reciprocal term
+    acc_mode: str = "mc_mean"  # Acc(k|j) from the MC mean | deterministic (dropout off), A12
+    loss_schedule: str = "joint"  # joint (mu-weighted mixed batches) | alternating (Alg. 1 l.19-20)
+    search_schedule: str = "global_rounds"  # t <= F | per_client_participations (first F), A43
+
+    pl_threshold_nullable: ClassVar[bool] = True  # null keeps every pseudo-label
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("algorithm.corr_form", self.corr_form, CHOICES["corr_form"])
+        check_choice("algorithm.pseudo_label", self.pseudo_label, CHOICES["pseudo_label"])
+        check_choice("algorithm.self_pl_model", self.self_pl_model, CHOICES["self_pl_model"])
+        check_choice("algorithm.helper_cache", self.helper_cache, CHOICES["helper_cache"])
+        check_choice(
+            "algorithm.entropy_reduction", self.entropy_reduction, CHOICES["entropy_reduction"]
+        )
+        check_choice("algorithm.acc_mode", self.acc_mode, CHOICES["acc_mode"])
+        check_choice("algorithm.loss_schedule", self.loss_schedule, CHOICES["loss_schedule"])
+        check_choice("algorithm.search_schedule", self.search_schedule, CHOICES["search_schedule"])
+        if self.refresh_period < 1 or self.mc_samples < 1 or self.search_rounds < 0:
+            raise bad(
+                "algorithm.refresh_period",
+                self.refresh_period,
+                "refresh_period >= 1, mc_samples >= 1 and search_rounds >= 0",
+            )
+        if not self.entropy_eps > 0:
+            raise bad("algorithm.entropy_eps", self.entropy_eps, "a float > 0")
+        if self.loss_schedule == "alternating" and self.local_epochs < 1:
+            raise bad(
+                "algorithm.loss_schedule",
+                "alternating",
+                "'joint' when training by steps (epochs 0)",
+            )
+
+
 @dataclasses.dataclass
 class UMPFSSL(FedAvgFamily):
+    cfg: UMPFSSLConfig
     name: str = "um_pfssl"
 
     def __post_init__(self) -> None:
@@ -418,8 +484,8 @@ class UMPFSSL(FedAvgFamily):
         return new_state, metrics
 
 
-@register("um_pfssl")
-def um_pfssl(cfg: AlgorithmConfig, **kw) -> UMPFSSL:
+@register("um_pfssl", UMPFSSLConfig)
+def um_pfssl(cfg: UMPFSSLConfig, **kw) -> UMPFSSL:
     _check(cfg, "um_pfssl", shared=(lambda v: v == "none", "'none' (there is no global model)"))
     alg = UMPFSSL(cfg, **kw)
     n, m, r = alg.num_clients, cfg.helper_list_size, cfg.num_replace
@@ -431,30 +497,6 @@ def um_pfssl(cfg: AlgorithmConfig, **kw) -> UMPFSSL:
             r,
             f"an integer in [1, helper_list_size - 1 = {m - 1}] with helper_list_size + "
             f"num_replace <= num_clients={n}",
-        )
-    for key, allowed in [
-        ("corr_form", ("inverse", "complement")),
-        ("pseudo_label", ("soft", "hard")),
-        ("self_pl_model", ("pre_aggregation", "post_aggregation")),
-        ("helper_cache", ("exact", "fresh")),
-        ("entropy_reduction", ("mean", "sum")),
-        ("acc_mode", ("mc_mean", "deterministic")),
-        ("loss_schedule", ("joint", "alternating")),
-        ("search_schedule", ("global_rounds", "per_client_participations")),
-    ]:
-        if getattr(cfg, key) not in allowed:
-            raise bad(f"algorithm.{key}", getattr(cfg, key), f"one of {list(allowed)}")
-    if cfg.refresh_period < 1 or cfg.mc_samples < 1 or cfg.search_rounds < 0:
-        raise bad(
-            "algorithm.refresh_period",
-            cfg.refresh_period,
-            "refresh_period >= 1, mc_samples >= 1 and search_rounds >= 0",
-        )
-    if not cfg.entropy_eps > 0:
-        raise bad("algorithm.entropy_eps", cfg.entropy_eps, "a float > 0")
-    if cfg.loss_schedule == "alternating" and alg.schedule.epochs < 1:
-        raise bad(
-            "algorithm.loss_schedule", "alternating", "'joint' when training by steps (epochs 0)"
         )
     if not alg.model.has_dropout:
         raise bad("model.dropout", 0.0, "a rate in (0, 1) for um_pfssl (MC dropout needs it)")

@@ -96,7 +96,8 @@ def _compose(overrides: list[str]) -> Any:
     from hydra import compose, initialize_config_dir
 
     from fedjax_semi.cli import CONF_DIR
-    from fedjax_semi.config import as_config, register_configs, validate
+    from fedjax_semi.config import validate
+    from fedjax_semi.store import as_config, register_configs
 
     if not (CONF_DIR / "config.yaml").exists():
         raise ValueError(

@@ -1,7 +1,7 @@
 """The wireless uplink a method composes for its simulated clock (DoFed-SPP, Sec. III: uploads
 to the base station serialize; a round's upload time is the sum over the uploaders of m / r_i).
 
-Two rate models (`algorithm.wireless_mode`):
+Two rate models (`systems.wireless_mode`):
 * empirical: every upload's rate r_i ~ U[wireless_rate_mbps] MB/s, drawn afresh each round from
   the run's key (purpose UPLOAD, folded with the round);
 * shannon: each client has one fixed Eq. 8 rate at a distance ~ U[wireless_distance_km], drawn
@@ -15,7 +15,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from fedjax_semi.config import AlgorithmConfig
+from fedjax_semi.config import SystemsConfig
 from fedjax_semi.engine.keys import CHANNEL, UPLOAD, round_key
 from fedjax_semi.systems import wireless
 
@@ -33,7 +33,7 @@ class Uplink:
     distance_km: tuple[float, float]  # shannon: per-client distance ~ U[lo, hi]
 
     @classmethod
-    def from_config(cls, cfg: AlgorithmConfig, model_mb: float) -> Uplink:
+    def from_config(cls, cfg: SystemsConfig, model_mb: float) -> Uplink:
         return cls(
             mode=cfg.wireless_mode,
             model_mb=model_mb,

@@ -1,0 +1,100 @@
+"""`make bench` of two revisions side by side in one run: is the working tree slower than BASE?
+
+    python benchmarks/revisions.py --base REV [--passes 2] [--models cnn,mlp] [--repeats 3]
+
+Checks REV out into a temporary git worktree, then runs each tree's own `benchmarks/engine.py`
+(its code, its configs) in a fresh interpreter, alternating BASE, HEAD, BASE, HEAD, ... so that
+load on the machine falls on both alike. Prints, per workload (model x chunk), the median round
+time of each revision over all passes and HEAD / BASE, and appends JSON lines to
+benchmarks/results/revisions.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from common import RESULTS, ROOT, emit, environment
+
+
+def git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(ROOT), *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def run_engine(tree: Path, args: argparse.Namespace, out: Path) -> list[dict]:
+    """One `engine.py` run of `tree` in its own interpreter; its JSON lines."""
+    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    cmd = [
+        sys.executable,
+        str(tree / "benchmarks" / "engine.py"),
+        f"--models={args.models}",
+        f"--chunks={args.chunks}",
+        f"--repeats={args.repeats}",
+        f"--out={out}",
+    ]
+    subprocess.run(cmd, check=True, env=env, cwd=tree, stdout=subprocess.DEVNULL)
+    lines = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
+    out.unlink()
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", required=True, help="the git revision to compare against")
+    ap.add_argument("--passes", type=int, default=2, help="alternating runs of each revision")
+    ap.add_argument("--models", default="cnn,mlp")
+    ap.add_argument("--chunks", default="1,8,all,reference")
+    ap.add_argument("--repeats", type=int, default=3, help="timed rounds per workload per run")
+    ap.add_argument("--out", default=str(RESULTS / "revisions.jsonl"))
+    args = ap.parse_args()
+    base_sha = git("rev-parse", args.base)
+    head_sha = git("rev-parse", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    times: dict[tuple[str, str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        base_tree = Path(tmp) / "base"
+        git("worktree", "add", "--detach", str(base_tree), base_sha)
+        try:
+            for p in range(args.passes):
+                order = [("base", base_tree), ("head", ROOT)]
+                for label, tree in order if p % 2 == 0 else order[::-1]:
+                    for r in run_engine(tree, args, Path(tmp) / f"{label}.jsonl"):
+                        key = (label, r["model"], str(r["chunk"]))
+                        times.setdefault(key, []).extend(r["round_s_all"])
+        finally:
+            git("worktree", "remove", "--force", str(base_tree))
+    env = environment()
+    for model in args.models.split(","):
+        for chunk in args.chunks.split(","):
+            b = float(np.median(times[("base", model, chunk)]))
+            h = float(np.median(times[("head", model, chunk)]))
+            emit(
+                {
+                    "bench": "engine_round_revisions",
+                    "model": model,
+                    "chunk": chunk,
+                    "base": base_sha,
+                    "head": head_sha + ("+dirty" if dirty else ""),
+                    "passes": args.passes,
+                    "round_s_median_base": b,
+                    "round_s_median_head": h,
+                    "head_over_base": h / b,
+                    "round_s_base": times[("base", model, chunk)],
+                    "round_s_head": times[("head", model, chunk)],
+                    **env,
+                },
+                Path(args.out),
+            )
+
+
+if __name__ == "__main__":
+    main()
