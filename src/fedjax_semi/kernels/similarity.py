@@ -1,7 +1,8 @@
 """DoFed-SPP's array kernels (spec `dofed_spp.md` sections 2.2-2.4): similarity ratios (Eq. 19),
 the greedy uploader selection (Algorithm 1) with the (K, B) choice from the time budget (Ineq. 26),
 the upload bookkeeping, and the SR-weighted ensemble pseudo-labels (Eq. 20). The FedFomo
-baseline reuses the similarity kernel with its own constants (spec section 4).
+baseline reuses the similarity kernel with its own constants (spec section 4); its kernels are in
+`kernels.fedfomo_weights`.
 
 Everything here is pure jnp over fixed shapes. `N` is the client axis, `P` the flattened
 parameter count, `D` a per-client padded sample count and `Q` the number of classes. Row n of an
@@ -15,10 +16,9 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from fedjax_semi.kernels import selection as _selection
+from fedjax_semi.kernels.checks import as_float, check_choice, check_number, concrete
 
 PyTree = Any
 
@@ -28,30 +28,6 @@ G1 = 0.0
 G2 = 3.0
 EPS = 1e-8
 DEGENERATE_RULES = ("keep_previous", "uniform", "zeros")
-
-
-def _concrete(value: Any) -> np.ndarray | None:
-    """The value as a NumPy array, or None when it is traced (checks then happen by the caller)."""
-    try:
-        return np.asarray(value)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        return None
-
-
-def _check_number(name: str, value: Any, ok, allowed: str) -> None:
-    v = _concrete(value)
-    if v is not None and not bool(np.all(ok(v))):
-        raise ValueError(f"{name}={value!r} is not allowed: {allowed}")
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not allowed: one of {list(choices)}")
-
-
-def _float(x: Any) -> jax.Array:
-    x = jnp.asarray(x)
-    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
 # ----------------------------------------------------------------------------- distances
@@ -162,12 +138,12 @@ def similarity_ratios(
     the row 0 (FedFomo: keep the own model). Inputs must be finite.
     Returns (S [N, M] >= 0 with rows summing to 1 unless "zeros" applied, degenerate [N] bool).
     """
-    _check_choice("degenerate", degenerate, DEGENERATE_RULES)
-    _check_number("gamma", gamma, lambda v: v > 0, "a number > 0")
-    _check_number("g1", g1, lambda v: v >= 0, "a number >= 0")
-    _check_number("g2", g2, lambda v: v >= 0, "a number >= 0")
-    _check_number("eps", eps, lambda v: v > 0, "a number > 0")
-    loss_cross, loss_own, dist = _float(loss_cross), _float(loss_own), _float(dist)
+    check_choice("degenerate", degenerate, DEGENERATE_RULES)
+    check_number("gamma", gamma, lambda v: v > 0, "a number > 0")
+    check_number("g1", g1, lambda v: v >= 0, "a number >= 0")
+    check_number("g2", g2, lambda v: v >= 0, "a number >= 0")
+    check_number("eps", eps, lambda v: v > 0, "a number > 0")
+    loss_cross, loss_own, dist = as_float(loss_cross), as_float(loss_own), as_float(dist)
     n, m = loss_cross.shape[-2:]
     if dist.shape != loss_cross.shape or loss_own.shape != loss_cross.shape[:-1]:
         raise ValueError(
@@ -199,90 +175,18 @@ def similarity_ratios(
     if degenerate == "zeros":
         fallback = jnp.zeros_like(a)
     elif degenerate == "keep_previous" and sr_prev is not None:
-        fallback = _float(sr_prev).astype(a.dtype)
+        fallback = as_float(sr_prev).astype(a.dtype)
     else:  # "uniform", or "keep_previous" on the first computation
         fallback = uniform
     sr = jnp.where(is_degenerate[..., None], fallback, sr)
     return sr, is_degenerate
 
 
-def fedfomo_weights(
-    loss_cross: jax.Array,
-    loss_own: jax.Array,
-    dist: jax.Array,
-    valid: jax.Array | None = None,
-    *,
-    eps: float = EPS,
-) -> tuple[jax.Array, jax.Array]:
-    """FedFomo's first-order weights: the Eq. 19 kernel with g1 = g2 = 0, gamma = 1 (spec 4).
-
-    loss_own [N] = l_n(theta_n^prev), loss_cross [N, M] = l_n(theta_m), dist [N, M] =
-    ||theta_m - theta_n^prev||, valid [N, M] = the models n downloaded.
-    w[n, m] = max(l_n(prev) - l_n(theta_m), 0) / ||.||, normalized over the valid m; a row whose
-    weights are all 0 stays 0, which means "keep theta_n^prev". Returns (w [N, M], degenerate [N]).
-    """
-    return similarity_ratios(
-        loss_cross,
-        loss_own,
-        dist,
-        gamma=1.0,
-        g1=0.0,
-        g2=0.0,
-        eps=eps,
-        valid=valid,
-        degenerate="zeros",
-    )
-
-
-def fedfomo_raw_weights(
-    loss_cross: jax.Array, loss_own: jax.Array, dist: jax.Array, *, eps: float = EPS
-) -> jax.Array:
-    """Unclipped FedFomo weights (l_n(prev) - l_n(theta_m)) / max(||.||, eps): [N, M]."""
-    return (_float(loss_own)[..., :, None] - _float(loss_cross)) / jnp.maximum(_float(dist), eps)
-
-
-def fedfomo_affinity_update(
-    affinity: jax.Array, raw_weights: jax.Array, ids: jax.Array, valid: jax.Array | None = None
-) -> jax.Array:
-    """FedFomo's server affinity P[n, ids[n, s]] += w[n, s] (spec 4, [bg]).
-
-    affinity [N, N]; raw_weights [N, M] are the unclipped weights of the M downloaded models
-    ids [N, M] (int). Following the FedFomo reference code the raw weights are added, so a
-    harmful model lowers the affinity. Slots with valid False add nothing.
-    """
-    w = _float(raw_weights)
-    if valid is not None:
-        w = jnp.where(valid, w, 0.0)
-    rows = jnp.arange(affinity.shape[0])[:, None]
-    return _float(affinity).astype(w.dtype).at[rows, ids].add(w)
-
-
-def fedfomo_choose_downloads(
-    key: jax.Array, affinity: jax.Array, m: int, epsilon: float | jax.Array
-) -> jax.Array:
-    """Which M peer models each client downloads: ids int32 [N, m] (spec 4, [bg]).
-
-    epsilon-greedy per client: with probability epsilon m peers uniformly at random, otherwise
-    the top m of the client's affinity row (ties to the lower id). A client never downloads its
-    own model.
-    """
-    n = affinity.shape[0]
-    if not 1 <= m <= n - 1:
-        raise ValueError(f"m={m!r} is not allowed: an int in [1, N - 1] = [1, {n - 1}]")
-    _check_number("epsilon", epsilon, lambda v: (v >= 0) & (v <= 1), "a number in [0, 1]")
-    k_coin, k_rand = jax.random.split(key)
-    self_mask = jnp.eye(n, dtype=bool)
-    _, top = jax.lax.top_k(jnp.where(self_mask, -jnp.inf, _float(affinity)), m)
-    rand = _selection.sample_excluding(k_rand, self_mask, m)
-    explore = jax.random.uniform(k_coin, (n, 1)) < epsilon
-    return jnp.where(explore, rand, top).astype(jnp.int32)
-
-
 # ----------------------------------------------------------------------------- selection (Alg. 1)
 
 
 def _check_k_b(k: Any, b: Any, n: int) -> None:
-    kc, bc = _concrete(k), _concrete(b)
+    kc, bc = concrete(k), concrete(b)
     if kc is not None and not 1 <= int(kc) <= n:
         raise ValueError(f"k={k!r} is not allowed: an int in [1, N] = [1, {n}]")
     if bc is not None and not 1 <= int(bc) <= (int(kc) if kc is not None else n):
@@ -339,7 +243,7 @@ def greedy_select(
     _check_k_b(k, b, n)
     if fast_path and isinstance(k, int) and isinstance(b, int) and k == b:
         return colsum_select(sr, k)
-    sr = _float(sr)
+    sr = as_float(sr)
     k = jnp.clip(jnp.asarray(k, jnp.int32), 1, n)
     b = jnp.clip(jnp.asarray(b, jnp.int32), 1, k)
     rows = jnp.arange(n)
@@ -384,11 +288,11 @@ def budget_candidates(
     and every valid pair satisfies the inequality in floating point.
     Returns (k int32 [n], b int32 [n] (0 where no B fits), valid bool [n]).
     """
-    _check_number("c2", c2, lambda v: v >= 0, "a number >= 0 (seconds per labeling model)")
-    _check_number("c3", c3, lambda v: v >= 0, "a number >= 0 (seconds per uploaded model)")
+    check_number("c2", c2, lambda v: v >= 0, "a number >= 0 (seconds per labeling model)")
+    check_number("c3", c3, lambda v: v >= 0, "a number >= 0 (seconds per uploaded model)")
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r} is not allowed: an int >= 1 (the number of clients)")
-    return _budget_candidates(_float(c1), _float(c2), _float(c3), n)
+    return _budget_candidates(as_float(c1), as_float(c2), as_float(c3), n)
 
 
 @functools.partial(jax.jit, static_argnames="n")
@@ -464,7 +368,7 @@ def labeling_weights(
     uniform weights over its selected models (A4). Returns (W [N, M], degenerate [N] bool).
     """
     x = jnp.asarray(x, bool)
-    w = jnp.where(x, _float(sr), 0.0)
+    w = jnp.where(x, as_float(sr), 0.0)
     total = jnp.sum(w, axis=-1, keepdims=True)
     is_degenerate = total[..., 0] <= 0.0
     uniform = x / jnp.maximum(jnp.sum(x, axis=-1, keepdims=True), 1).astype(w.dtype)
@@ -489,7 +393,7 @@ def selected_slots(
     order = jnp.argsort(key, axis=-1)[..., :b]
     valid = jnp.take_along_axis(jnp.asarray(x, bool), order, axis=-1)
     ids = jnp.where(valid, order, 0).astype(jnp.int32)
-    w = jnp.where(valid, jnp.take_along_axis(_float(weights), order, axis=-1), 0.0)
+    w = jnp.where(valid, jnp.take_along_axis(as_float(weights), order, axis=-1), 0.0)
     return ids, w, valid
 
 
@@ -500,10 +404,10 @@ def soft_vote(probs: jax.Array, weights: jax.Array, *, from_logits: bool = False
     (S = B gathered slots, or S = N with zero weights for unused providers). from_logits applies
     a softmax first.
     """
-    p = _float(probs)
+    p = as_float(probs)
     if from_logits:
         p = jax.nn.softmax(p, axis=-1)
-    return jnp.einsum("ns,nsdq->ndq", _float(weights).astype(p.dtype), p)
+    return jnp.einsum("ns,nsdq->ndq", as_float(weights).astype(p.dtype), p)
 
 
 def pseudo_labels(
