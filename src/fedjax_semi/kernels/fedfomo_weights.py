@@ -3,8 +3,9 @@ Optimization", ICLR 2021), as DoFed-SPP's baseline: the first-order weights of t
 models, the server's affinity matrix and the epsilon-greedy choice of the downloads.
 
 The weights are DoFed-SPP's Eq. 19 kernel (`similarity.similarity_ratios`) with G1 = G2 = 0 and
-gamma = 1 (spec `dofed_spp.md` section 4). Row n of an `[N, M]` matrix belongs to
-client n, column m to its m-th downloaded model.
+gamma = 1. DoFed-SPP's paper leaves how it ran FedFomo to an appendix that is not public; the
+validation data (D_lab), M and epsilon are our choices (docs/choices.md, DoFed-SPP A19). Row n
+of an `[N, M]` matrix belongs to client n, column m to its m-th downloaded model.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def fedfomo_weights(
     *,
     eps: float = EPS,
 ) -> tuple[jax.Array, jax.Array]:
-    """FedFomo's first-order weights: the Eq. 19 kernel with g1 = g2 = 0, gamma = 1 (spec 4).
+    """FedFomo's first-order weights: the Eq. 19 kernel with g1 = g2 = 0, gamma = 1.
 
     loss_own [N] = l_n(theta_n^prev), loss_cross [N, M] = l_n(theta_m), dist [N, M] =
     ||theta_m - theta_n^prev||, valid [N, M] = the models n downloaded.
@@ -57,7 +58,7 @@ def fedfomo_raw_weights(
 def fedfomo_affinity_update(
     affinity: jax.Array, raw_weights: jax.Array, ids: jax.Array, valid: jax.Array | None = None
 ) -> jax.Array:
-    """FedFomo's server affinity P[n, ids[n, s]] += w[n, s] (spec 4, [bg]).
+    """FedFomo's server affinity P[n, ids[n, s]] += w[n, s].
 
     affinity [N, N]; raw_weights [N, M] are the unclipped weights of the M downloaded models
     ids [N, M] (int). Following the FedFomo reference code the raw weights are added, so a
@@ -73,7 +74,7 @@ def fedfomo_affinity_update(
 def fedfomo_choose_downloads(
     key: jax.Array, affinity: jax.Array, m: int, epsilon: float | jax.Array
 ) -> jax.Array:
-    """Which M peer models each client downloads: ids int32 [N, m] (spec 4, [bg]).
+    """Which M peer models each client downloads: ids int32 [N, m] (FedFomo's epsilon-greedy).
 
     epsilon-greedy per client: with probability epsilon m peers uniformly at random, otherwise
     the top m of the client's affinity row (ties to the lower id). A client never downloads its

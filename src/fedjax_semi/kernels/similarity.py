@@ -1,8 +1,9 @@
-"""DoFed-SPP's array kernels (spec `dofed_spp.md` sections 2.2-2.4): similarity ratios (Eq. 19),
-the greedy uploader selection (Algorithm 1) with the (K, B) choice from the time budget (Ineq. 26),
-the upload bookkeeping, and the SR-weighted ensemble pseudo-labels (Eq. 20). The FedFomo
-baseline reuses the similarity kernel with its own constants (spec section 4); its kernels are in
-`kernels.fedfomo_weights`.
+"""DoFed-SPP's array kernels (Ching et al., IEEE TSC 2023, Secs. 4.1-4.4): similarity ratios
+(Theorem 1, Eq. 19), the greedy uploader selection (Algorithm 1) with the (K, B) choice from the
+time budget (Ineq. 26), the upload bookkeeping, and the SR-weighted ensemble pseudo-labels
+(Eq. 20). The FedFomo baseline reuses the similarity kernel with its own constants; its kernels
+are in `kernels.fedfomo_weights`. Our answers to what the paper leaves open are in
+docs/choices.md (DoFed-SPP section), cited below by id.
 
 Everything here is pure jnp over fixed shapes. `N` is the client axis, `P` the flattened
 parameter count, `D` a per-client padded sample count and `Q` the number of classes. Row n of an
@@ -22,8 +23,8 @@ from fedjax_semi.kernels.checks import as_float, check_choice, check_number, con
 
 PyTree = Any
 
-# Defaults of spec 3.5 (CNN column) and 3.8.
-GAMMA = 0.01  # lr_rec
+# Defaults for the image CNN; the paper gives no values (docs/choices.md, DoFed-SPP A1, A10).
+GAMMA = 0.01  # the reciprocal models' learning rate
 G1 = 0.0
 G2 = 3.0
 EPS = 1e-8
@@ -46,7 +47,7 @@ def pairwise_distances(
 
     Direct differences in f32, one reference row per `lax.map` step (memory M * P per step;
     `batch_size` vmaps that many rows at once). No Gram trick: ||a||^2 + ||b||^2 - 2ab cancels
-    catastrophically for the small distances of one local update (spec 2.2, kernel 3).
+    catastrophically for the small distances of one local update (Eq. 19's self-distance).
     """
     if providers.ndim != 2 or refs.ndim != 2 or providers.shape[1] != refs.shape[1]:
         raise ValueError(
@@ -64,7 +65,7 @@ def pairwise_distances(
 def cross_evaluate(
     fn: Any, providers: PyTree, data: PyTree, *, batch_size: int | None = None
 ) -> jax.Array:
-    """out[n, i] = fn(providers[i], data[n]) -> [N, M] (spec 2.2, kernel 2).
+    """out[n, i] = fn(providers[i], data[n]) -> [N, M], e.g. Eq. 19's losses l_n(M_i).
 
     providers: pytree with leaves [M, ...] (e.g. the cached models); data: pytree with leaves
     [N, ...] (e.g. each client's padded labeled target set and mask); fn returns a scalar.
@@ -89,7 +90,8 @@ def sr_distances(
     """Eq. 19 distances d[n, i] = ||M_i - R_n^prev||: flat [N, P] each -> [N, N].
 
     M_i is the cached broadcast model cache[i] off the diagonal and the client's own current
-    reciprocal model rec[n] on it, so d[n, n] is one round of local progress (> 0, AC2).
+    reciprocal model rec[n] on it, so d[n, n] is one round of local progress and positive
+    (docs/choices.md, DoFed-SPP A2).
     """
     dist = pairwise_distances(cache, rec_prev, batch_size=batch_size)
     own = jnp.linalg.norm(rec.astype(jnp.float32) - rec_prev.astype(jnp.float32), axis=-1)
@@ -97,7 +99,8 @@ def sr_distances(
 
 
 def max_pairwise_distance(flat: jax.Array, *, batch_size: int | None = None) -> jax.Array:
-    """max_{n, i} ||flat[n] - flat[i]||: the `sr.G1: auto` ablation (A1, Assumption 1)."""
+    """max_{n, i} ||flat[n] - flat[i]||: G1 as Assumption 1 defines it, `algorithm.sr_g1=auto`
+    (docs/choices.md, DoFed-SPP A1)."""
     return jnp.max(pairwise_distances(flat, flat, batch_size=batch_size))
 
 
@@ -121,7 +124,8 @@ def similarity_ratios(
     """Similarity ratios S (Theorem 1, Eq. 19) and the degenerate-row flags.
 
     loss_cross [N, M]: loss_cross[n, i] = l_n(M_i), provider i's model on n's labeled target data
-      (for DoFed-SPP the diagonal holds the own current reciprocal model, spec 2.2 kernel 2).
+      (for DoFed-SPP the diagonal holds the own current reciprocal model; docs/choices.md,
+      DoFed-SPP A2).
     loss_own [N]: l_n(T_n), the target model's loss on the same data.
     dist [N, M]: ||M_i - R_n^prev|| (see `sr_distances`).
     sr_prev [N, M]: the previous SR matrix, used by `degenerate="keep_previous"`; None means
@@ -131,11 +135,12 @@ def similarity_ratios(
         S[n, i] = a[n, i] / sum_j a[n, j]           (normalized over all providers, self too)
 
     gamma * (delta + g2) + g1 is the paper's gamma * delta + g1 + gamma * g2 written so that with
-    g1 = 0 the sign of the numerator, and S, are exactly independent of gamma (AC5).
-    exclude_self (A3) zeroes a[n, n]; valid [N, M] zeroes providers n cannot use (FedFomo's
-    downloads). A row whose a are all 0 is degenerate (A4): "keep_previous" keeps sr_prev's row
-    (uniform if sr_prev is None), "uniform" spreads 1 over the allowed providers, "zeros" leaves
-    the row 0 (FedFomo: keep the own model). Inputs must be finite.
+    g1 = 0 the sign of the numerator, and S, are exactly independent of gamma (docs/choices.md,
+    DoFed-SPP A1). exclude_self (A3 there) zeroes a[n, n]; valid [N, M] zeroes providers n
+    cannot use (FedFomo's downloads). A row whose a are all 0 is degenerate (A4 there):
+    "keep_previous" keeps sr_prev's row (uniform if sr_prev is None), "uniform" spreads 1 over
+    the allowed providers, "zeros" leaves the row 0 (FedFomo: keep the own model). Inputs must
+    be finite.
     Returns (S [N, M] >= 0 with rows summing to 1 unless "zeros" applied, degenerate [N] bool).
     """
     check_choice("degenerate", degenerate, DEGENERATE_RULES)
@@ -226,7 +231,7 @@ def colsum_select(sr: jax.Array, k: int | jax.Array) -> tuple[jax.Array, jax.Arr
 def greedy_select(
     sr: jax.Array, k: int | jax.Array, b: int | jax.Array, *, fast_path: bool = True
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Algorithm 1 in the closed vectorized form of spec 2.3.2.
+    """Algorithm 1 (the greedy (1 - 1/e) approximation of Definition 4) in closed vectorized form.
 
     sr [N, N] >= 0 (row = consumer); k uploaders, b labeling models per client (1 <= b <= k <=
     N; traced values are clipped into that range). K steps of: add the unchosen provider with
@@ -280,7 +285,7 @@ class Selection(NamedTuple):
 def budget_candidates(
     c1: float | jax.Array, c2: float | jax.Array, c3: float | jax.Array, n: int
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The (K, B) pairs of spec 2.3.3 from Ineq. 26, B * c2 + K * c3 <= c1, 1 <= B <= K <= n.
+    """The (K, B) pairs of Ineq. 26 (Sec. 4.4), B * c2 + K * c3 <= c1, 1 <= B <= K <= n.
 
     Row K - 1 holds K and B(K) = the largest feasible B <= K; valid marks K in [min(K_lo, K_hi),
     K_hi], K_lo the largest K with B = K feasible (at least 1), K_hi the largest K with B >= 1.
@@ -339,7 +344,7 @@ def upload_to_cache(
     cache_round: jax.Array | None = None,
     round_index: int | jax.Array = 0,
 ) -> tuple[PyTree, jax.Array | None]:
-    """Spec 2.3.4: cache[i] <- rec[i] for the chosen i, every other entry unchanged.
+    """Phase 1's upload (Sec. 5): cache[i] <- rec[i] for the chosen i, every other unchanged.
 
     Leaves of cache and rec lead with [N]; chosen [N] bool. cache_round [N] int (optional) is
     set to round_index where chosen. Returns (cache, cache_round).
@@ -361,11 +366,12 @@ def upload_to_cache(
 def labeling_weights(
     sr: jax.Array, x: jax.Array, *, renormalize: bool = False
 ) -> tuple[jax.Array, jax.Array]:
-    """W[n, i] = S[n, i] * x[n, i], DoFed-SPP's personalized aggregation weights (spec 2.4).
+    """W[n, i] = S[n, i] * x[n, i], DoFed-SPP's personalized aggregation weights (Eq. 20).
 
     sr [N, M], x [N, M] bool. Not renormalized by default (the argmax does not care); with
     renormalize=True rows sum to 1 (soft labels for diagnostics). A row with sum W = 0 gets
-    uniform weights over its selected models (A4). Returns (W [N, M], degenerate [N] bool).
+    uniform weights over its selected models (docs/choices.md, DoFed-SPP A4).
+    Returns (W [N, M], degenerate [N] bool).
     """
     x = jnp.asarray(x, bool)
     w = jnp.where(x, as_float(sr), 0.0)
@@ -413,9 +419,10 @@ def soft_vote(probs: jax.Array, weights: jax.Array, *, from_logits: bool = False
 def pseudo_labels(
     probs: jax.Array, weights: jax.Array, *, from_logits: bool = False
 ) -> tuple[jax.Array, jax.Array]:
-    """Hard pseudo-labels y[n, d] = argmax_q q_n(x_d) (Eq. 20, A21): -> (int32 [N, D], q [N, D, Q]).
+    """Hard pseudo-labels y[n, d] = argmax_q q_n(x_d) (Eq. 20): -> (int32 [N, D], q [N, D, Q]).
 
-    Ties go to the lowest class. Padded samples get a label too; mask them downstream.
+    Hard, as Eq. 20's OneHot (docs/choices.md, DoFed-SPP A21); ties go to the lowest class.
+    Padded samples get a label too; mask them downstream.
     """
     q = soft_vote(probs, weights, from_logits=from_logits)
     return jnp.argmax(q, axis=-1).astype(jnp.int32), q
@@ -424,7 +431,7 @@ def pseudo_labels(
 def student_targets(
     y_pl: jax.Array, mask_u: jax.Array, y_l: jax.Array, mask_l: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    """Labels and mask of D^p = pseudo-labeled D_unl + truly labeled D_lab (spec 2.4, line 24).
+    """Labels and mask of D^p = pseudo-labeled D_unl + truly labeled D_lab (Algorithm 2 l. 24-28).
 
     y_pl, mask_u [N, Du]; y_l, mask_l [N, Dl] -> (labels int32 [N, Du + Dl], mask [N, Du + Dl]),
     in the order of concat(x_u, x_l). Rebuilt from scratch every round.

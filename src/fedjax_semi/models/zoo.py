@@ -106,7 +106,8 @@ class Model:
             mc: (with ``train=False``) dropout on, BatchNorm on running stats.
             rng: PRNG key for dropout; required when dropout is active and rate > 0.
             mask: bool ``[B]`` (training with BatchNorm): the rows whose statistics BatchNorm
-                uses, so padded rows of a partial batch change nothing (UM-pFSSL AC11).
+                uses, so padded rows of a partial batch change nothing (checked by
+                test_masked_batchnorm_equals_bn_on_the_valid_rows_ac11).
 
         Returns:
             ``(logits [B, num_classes] float32, new_model_state)``; ``new_model_state`` is
