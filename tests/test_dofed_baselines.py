@@ -24,7 +24,7 @@ from fedjax_semi.engine.keys import client_key, round_key
 from fedjax_semi.engine.simulate import pseudo_label_accuracy
 from fedjax_semi.engine.train import local_train
 from fedjax_semi.errors import ConfigError
-from fedjax_semi.kernels import similarity as sim
+from fedjax_semi.kernels import fedfomo_weights as fw
 from fedjax_semi.systems import wireless as wl
 
 N, S, M, ROUNDS, BATCH = 6, 3, 3, 4, 16
@@ -329,7 +329,7 @@ def test_fedfomo_downloads_follow_affinity(fomo):
         # float32 0.3 - 0.05 (t - 1) cancels toward 0: abs for that, a few float32 ulps of 0.3.
         assert row["epsilon"] == pytest.approx(max(0.3 - 0.05 * (t - 1), 0.0), abs=1e-6)
         key = round_key(exp.key, ff.DOWNLOAD, t)
-        replay = sim.fedfomo_choose_downloads(key, prev["affinity"], M, row["epsilon"])
+        replay = fw.fedfomo_choose_downloads(key, prev["affinity"], M, row["epsilon"])
         np.testing.assert_array_equal(ids, np.asarray(replay)[cohort])
         assert all(n not in ids[s] for s, n in enumerate(cohort))
         np.testing.assert_array_equal(row["download_valid"], uploaded[ids])
@@ -337,7 +337,7 @@ def test_fedfomo_downloads_follow_affinity(fomo):
         np.testing.assert_array_equal(states[t].extra["uploaded"], uploaded)
         # Greedy rows: top M of the affinity row, self excluded, ties to the lower id.
         p = np.asarray(prev["affinity"], np.float64)
-        greedy = np.asarray(sim.fedfomo_choose_downloads(key, prev["affinity"], M, 0.0))
+        greedy = np.asarray(fw.fedfomo_choose_downloads(key, prev["affinity"], M, 0.0))
         for n in range(N):
             order = sorted((i for i in range(N) if i != n), key=lambda i: (-p[n, i], i))
             assert sorted(greedy[n]) == sorted(order[:M]), (t, n)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedjax_semi.kernels import fedfomo_weights as fw
 from fedjax_semi.kernels import similarity as sim
 from fedjax_semi.systems import wireless as wl
 
@@ -377,7 +378,7 @@ def test_fedfomo_weights_equal_naive_loop_ac6():
     loss_own = jax.vmap(linear_loss)(prev, data)
     loss_cross = sim.cross_evaluate(linear_loss, uploaded, data)
     dist = sim.pairwise_distances(sim.flatten_clients(uploaded), sim.flatten_clients(prev))
-    w, deg = sim.fedfomo_weights(loss_cross, loss_own, dist, valid)
+    w, deg = fw.fedfomo_weights(loss_cross, loss_own, dist, valid)
     w = np.asarray(w)
     for r in range(n):
         l_prev = np_linear_loss(prev["w"][r], prev["b"][r], x[r], y[r], m[r])
@@ -404,7 +405,7 @@ def test_fedfomo_affinity_update_and_downloads():
     raw = rng.normal(size=(n, m)).astype(np.float32)
     valid = np.ones((n, m), bool)
     valid[0, 1] = False
-    got = np.asarray(sim.fedfomo_affinity_update(affinity, raw, ids, valid))
+    got = np.asarray(fw.fedfomo_affinity_update(affinity, raw, ids, valid))
     want = affinity.astype(np.float64).copy()
     for r in range(n):
         for s in range(m):
@@ -414,14 +415,14 @@ def test_fedfomo_affinity_update_and_downloads():
     # epsilon = 0: the top-m of each affinity row, never the client itself.
     aff = rng.normal(size=(n, n)).astype(np.float32)
     np.fill_diagonal(aff, 100.0)
-    greedy = np.asarray(sim.fedfomo_choose_downloads(jax.random.PRNGKey(0), aff, m, 0.0))
+    greedy = np.asarray(fw.fedfomo_choose_downloads(jax.random.PRNGKey(0), aff, m, 0.0))
     for r in range(n):
         order = [j for j in np.argsort(-aff[r], kind="stable") if j != r][:m]
         assert greedy[r].tolist() == order
     # epsilon = 1: random, distinct, never self, and not always the greedy choice.
     seen_other = False
     for s in range(10):
-        ids_r = np.asarray(sim.fedfomo_choose_downloads(jax.random.PRNGKey(s), aff, m, 1.0))
+        ids_r = np.asarray(fw.fedfomo_choose_downloads(jax.random.PRNGKey(s), aff, m, 1.0))
         for r in range(n):
             assert len(set(ids_r[r].tolist())) == m and r not in ids_r[r]
         seen_other |= not np.array_equal(ids_r, greedy)
@@ -734,9 +735,9 @@ def test_selection_bad_arguments_name_the_argument():
     with pytest.raises(ValueError, match=r"b=5 is not allowed: an int in \[1, M\] = \[1, 4\]"):
         sim.selected_slots(s > 0, s, 5)
     with pytest.raises(ValueError, match=r"m=4 is not allowed: an int in \[1, N - 1\]"):
-        sim.fedfomo_choose_downloads(jax.random.PRNGKey(0), s, 4, 0.1)
+        fw.fedfomo_choose_downloads(jax.random.PRNGKey(0), s, 4, 0.1)
     with pytest.raises(ValueError, match=r"epsilon=1.5 is not allowed: a number in \[0, 1\]"):
-        sim.fedfomo_choose_downloads(jax.random.PRNGKey(0), s, 2, 1.5)
+        fw.fedfomo_choose_downloads(jax.random.PRNGKey(0), s, 2, 1.5)
 
 
 def test_wireless_bad_arguments_name_the_argument():

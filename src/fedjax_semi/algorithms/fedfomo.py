@@ -58,6 +58,7 @@ from fedjax_semi.engine.train import (
     make_optimizer,
 )
 from fedjax_semi.errors import bad
+from fedjax_semi.kernels import fedfomo_weights as fw
 from fedjax_semi.kernels import similarity as sim
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
@@ -190,7 +191,7 @@ class FedFomo(Capabilities):
         cohort = self.sample_cohort(key, state.round)
         eps = epsilon_at(t, c.fedfomo_epsilon, c.fedfomo_epsilon_decay)
         # Drawn for all N (the kernel masks row n's own id), then the participants' rows.
-        ids = sim.fedfomo_choose_downloads(
+        ids = fw.fedfomo_choose_downloads(
             round_key(key, DOWNLOAD, t), ex["affinity"], c.fedfomo_m, eps
         )[cohort]  # [S, M]
         valid = ex["uploaded"][ids]  # only stored (uploaded) models can be downloaded
@@ -239,8 +240,8 @@ class FedFomo(Capabilities):
         flat_own = ravel_pytree(own["params"])[0].astype(jnp.float32)
         dist = sim.pairwise_distances(sim.flatten_clients(models["params"]), flat_own[None])
         args = (loss_m[None], loss_own[None], dist)  # one consumer row: [1, M], [1], [1, M]
-        w, degenerate = sim.fedfomo_weights(*args, inp["valid"][None], eps=self.cfg.sr_eps)
-        raw = sim.fedfomo_raw_weights(*args, eps=self.cfg.sr_eps)
+        w, degenerate = fw.fedfomo_weights(*args, inp["valid"][None], eps=self.cfg.sr_eps)
+        raw = fw.fedfomo_raw_weights(*args, eps=self.cfg.sr_eps)
 
         mixed = fomo_update(own, models, w[0])
         new, _, stats = local_train(
@@ -280,7 +281,7 @@ class FedFomo(Capabilities):
         rows_w = jnp.zeros((n, m), jnp.float32).at[cohort].set(w)
         rows_ids = jnp.zeros((n, m), jnp.int32).at[cohort].set(plan.ids)
         rows_valid = jnp.zeros((n, m), bool).at[cohort].set(plan.valid)
-        affinity = sim.fedfomo_affinity_update(ex["affinity"], rows_w, rows_ids, rows_valid)
+        affinity = fw.fedfomo_affinity_update(ex["affinity"], rows_w, rows_ids, rows_valid)
 
         chosen = jnp.zeros((n,), bool).at[cohort].set(True)
         t_up, per_upload = self.uplink.upload_time(key, chosen, t, ex)

@@ -1,5 +1,7 @@
 """FixMatch augmentation in JAX: weak (flip + translate) and strong (weak + RandAugment + Cutout),
-one key per sample, vmappable over batch and clients (spec uncertainty_pfssl.md, section 4).
+one key per sample, vmappable over batch and clients. FixMatch (Sohn et al., NeurIPS 2020) is
+the pseudo-labeling of UM-pFSSL's baselines FixAvg, FixProx, FixBN, FedPer, LG-FedAvg and pFedMe
+(UM-pFSSL paper, Sec. 6.1).
 
 Images are float [H, W, C] in [0, 255]. RandAugment draws 2 ops uniformly from OPS, each with a
 random magnitude in [0, 1]. Colour ops are identities on grayscale and are left out; equalize and

@@ -1,5 +1,6 @@
 """Selection kernels: sampling without replacement under exclusions, and the best-R merge of
-incumbents and candidates used by UM-pFSSL's helper search (spec 2.4, Alg. 2)."""
+incumbents and candidates used by UM-pFSSL's helper search (Algorithm 1 line 9, Algorithm 2
+REPLACEHELPER; docs/choices.md, UM-pFSSL A18, A19, A23)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def merge_best(
     inc_* [S, R], cand_* [S, R] -> (ids [S, R], corr [S, R], pos [S, R]) where pos indexes
     concat(incumbents, candidates): pos >= R marks a candidate that got in.
     Equivalent to Alg. 2's greedy swap: sort candidates descending and incumbents ascending and
-    swap while the candidate's Corr is strictly greater.
+    swap while the candidate's Corr is strictly greater (docs/choices.md, UM-pFSSL A18).
     """
     r = inc_ids.shape[-1]
     ids = jnp.concatenate([inc_ids, cand_ids], axis=-1)

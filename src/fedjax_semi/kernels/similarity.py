@@ -1,7 +1,9 @@
-"""DoFed-SPP's array kernels (spec `dofed_spp.md` sections 2.2-2.4): similarity ratios (Eq. 19),
-the greedy uploader selection (Algorithm 1) with the (K, B) choice from the time budget (Ineq. 26),
-the upload bookkeeping, and the SR-weighted ensemble pseudo-labels (Eq. 20). The FedFomo
-baseline reuses the similarity kernel with its own constants (spec section 4).
+"""DoFed-SPP's array kernels (Ching et al., IEEE TSC 2023, Secs. 4.1-4.4): similarity ratios
+(Theorem 1, Eq. 19), the greedy uploader selection (Algorithm 1) with the (K, B) choice from the
+time budget (Ineq. 26), the upload bookkeeping, and the SR-weighted ensemble pseudo-labels
+(Eq. 20). The FedFomo baseline reuses the similarity kernel with its own constants; its kernels
+are in `kernels.fedfomo_weights`. Our answers to what the paper leaves open are in
+docs/choices.md (DoFed-SPP section), cited below by id.
 
 Everything here is pure jnp over fixed shapes. `N` is the client axis, `P` the flattened
 parameter count, `D` a per-client padded sample count and `Q` the number of classes. Row n of an
@@ -15,43 +17,18 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from fedjax_semi.kernels import selection as _selection
+from fedjax_semi.kernels.checks import as_float, check_choice, check_number, concrete
 
 PyTree = Any
 
-# Defaults of spec 3.5 (CNN column) and 3.8.
-GAMMA = 0.01  # lr_rec
+# Defaults for the image CNN; the paper gives no values (docs/choices.md, DoFed-SPP A1, A10).
+GAMMA = 0.01  # the reciprocal models' learning rate
 G1 = 0.0
 G2 = 3.0
 EPS = 1e-8
 DEGENERATE_RULES = ("keep_previous", "uniform", "zeros")
-
-
-def _concrete(value: Any) -> np.ndarray | None:
-    """The value as a NumPy array, or None when it is traced (checks then happen by the caller)."""
-    try:
-        return np.asarray(value)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        return None
-
-
-def _check_number(name: str, value: Any, ok, allowed: str) -> None:
-    v = _concrete(value)
-    if v is not None and not bool(np.all(ok(v))):
-        raise ValueError(f"{name}={value!r} is not allowed: {allowed}")
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not allowed: one of {list(choices)}")
-
-
-def _float(x: Any) -> jax.Array:
-    x = jnp.asarray(x)
-    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
 # ----------------------------------------------------------------------------- distances
@@ -70,7 +47,7 @@ def pairwise_distances(
 
     Direct differences in f32, one reference row per `lax.map` step (memory M * P per step;
     `batch_size` vmaps that many rows at once). No Gram trick: ||a||^2 + ||b||^2 - 2ab cancels
-    catastrophically for the small distances of one local update (spec 2.2, kernel 3).
+    catastrophically for the small distances of one local update (Eq. 19's self-distance).
     """
     if providers.ndim != 2 or refs.ndim != 2 or providers.shape[1] != refs.shape[1]:
         raise ValueError(
@@ -88,7 +65,7 @@ def pairwise_distances(
 def cross_evaluate(
     fn: Any, providers: PyTree, data: PyTree, *, batch_size: int | None = None
 ) -> jax.Array:
-    """out[n, i] = fn(providers[i], data[n]) -> [N, M] (spec 2.2, kernel 2).
+    """out[n, i] = fn(providers[i], data[n]) -> [N, M], e.g. Eq. 19's losses l_n(M_i).
 
     providers: pytree with leaves [M, ...] (e.g. the cached models); data: pytree with leaves
     [N, ...] (e.g. each client's padded labeled target set and mask); fn returns a scalar.
@@ -113,7 +90,8 @@ def sr_distances(
     """Eq. 19 distances d[n, i] = ||M_i - R_n^prev||: flat [N, P] each -> [N, N].
 
     M_i is the cached broadcast model cache[i] off the diagonal and the client's own current
-    reciprocal model rec[n] on it, so d[n, n] is one round of local progress (> 0, AC2).
+    reciprocal model rec[n] on it, so d[n, n] is one round of local progress and positive
+    (docs/choices.md, DoFed-SPP A2).
     """
     dist = pairwise_distances(cache, rec_prev, batch_size=batch_size)
     own = jnp.linalg.norm(rec.astype(jnp.float32) - rec_prev.astype(jnp.float32), axis=-1)
@@ -121,7 +99,8 @@ def sr_distances(
 
 
 def max_pairwise_distance(flat: jax.Array, *, batch_size: int | None = None) -> jax.Array:
-    """max_{n, i} ||flat[n] - flat[i]||: the `sr.G1: auto` ablation (A1, Assumption 1)."""
+    """max_{n, i} ||flat[n] - flat[i]||: G1 as Assumption 1 defines it, `algorithm.sr_g1=auto`
+    (docs/choices.md, DoFed-SPP A1)."""
     return jnp.max(pairwise_distances(flat, flat, batch_size=batch_size))
 
 
@@ -145,7 +124,8 @@ def similarity_ratios(
     """Similarity ratios S (Theorem 1, Eq. 19) and the degenerate-row flags.
 
     loss_cross [N, M]: loss_cross[n, i] = l_n(M_i), provider i's model on n's labeled target data
-      (for DoFed-SPP the diagonal holds the own current reciprocal model, spec 2.2 kernel 2).
+      (for DoFed-SPP the diagonal holds the own current reciprocal model; docs/choices.md,
+      DoFed-SPP A2).
     loss_own [N]: l_n(T_n), the target model's loss on the same data.
     dist [N, M]: ||M_i - R_n^prev|| (see `sr_distances`).
     sr_prev [N, M]: the previous SR matrix, used by `degenerate="keep_previous"`; None means
@@ -155,19 +135,20 @@ def similarity_ratios(
         S[n, i] = a[n, i] / sum_j a[n, j]           (normalized over all providers, self too)
 
     gamma * (delta + g2) + g1 is the paper's gamma * delta + g1 + gamma * g2 written so that with
-    g1 = 0 the sign of the numerator, and S, are exactly independent of gamma (AC5).
-    exclude_self (A3) zeroes a[n, n]; valid [N, M] zeroes providers n cannot use (FedFomo's
-    downloads). A row whose a are all 0 is degenerate (A4): "keep_previous" keeps sr_prev's row
-    (uniform if sr_prev is None), "uniform" spreads 1 over the allowed providers, "zeros" leaves
-    the row 0 (FedFomo: keep the own model). Inputs must be finite.
+    g1 = 0 the sign of the numerator, and S, are exactly independent of gamma (docs/choices.md,
+    DoFed-SPP A1). exclude_self (A3 there) zeroes a[n, n]; valid [N, M] zeroes providers n
+    cannot use (FedFomo's downloads). A row whose a are all 0 is degenerate (A4 there):
+    "keep_previous" keeps sr_prev's row (uniform if sr_prev is None), "uniform" spreads 1 over
+    the allowed providers, "zeros" leaves the row 0 (FedFomo: keep the own model). Inputs must
+    be finite.
     Returns (S [N, M] >= 0 with rows summing to 1 unless "zeros" applied, degenerate [N] bool).
     """
-    _check_choice("degenerate", degenerate, DEGENERATE_RULES)
-    _check_number("gamma", gamma, lambda v: v > 0, "a number > 0")
-    _check_number("g1", g1, lambda v: v >= 0, "a number >= 0")
-    _check_number("g2", g2, lambda v: v >= 0, "a number >= 0")
-    _check_number("eps", eps, lambda v: v > 0, "a number > 0")
-    loss_cross, loss_own, dist = _float(loss_cross), _float(loss_own), _float(dist)
+    check_choice("degenerate", degenerate, DEGENERATE_RULES)
+    check_number("gamma", gamma, lambda v: v > 0, "a number > 0")
+    check_number("g1", g1, lambda v: v >= 0, "a number >= 0")
+    check_number("g2", g2, lambda v: v >= 0, "a number >= 0")
+    check_number("eps", eps, lambda v: v > 0, "a number > 0")
+    loss_cross, loss_own, dist = as_float(loss_cross), as_float(loss_own), as_float(dist)
     n, m = loss_cross.shape[-2:]
     if dist.shape != loss_cross.shape or loss_own.shape != loss_cross.shape[:-1]:
         raise ValueError(
@@ -199,90 +180,18 @@ def similarity_ratios(
     if degenerate == "zeros":
         fallback = jnp.zeros_like(a)
     elif degenerate == "keep_previous" and sr_prev is not None:
-        fallback = _float(sr_prev).astype(a.dtype)
+        fallback = as_float(sr_prev).astype(a.dtype)
     else:  # "uniform", or "keep_previous" on the first computation
         fallback = uniform
     sr = jnp.where(is_degenerate[..., None], fallback, sr)
     return sr, is_degenerate
 
 
-def fedfomo_weights(
-    loss_cross: jax.Array,
-    loss_own: jax.Array,
-    dist: jax.Array,
-    valid: jax.Array | None = None,
-    *,
-    eps: float = EPS,
-) -> tuple[jax.Array, jax.Array]:
-    """FedFomo's first-order weights: the Eq. 19 kernel with g1 = g2 = 0, gamma = 1 (spec 4).
-
-    loss_own [N] = l_n(theta_n^prev), loss_cross [N, M] = l_n(theta_m), dist [N, M] =
-    ||theta_m - theta_n^prev||, valid [N, M] = the models n downloaded.
-    w[n, m] = max(l_n(prev) - l_n(theta_m), 0) / ||.||, normalized over the valid m; a row whose
-    weights are all 0 stays 0, which means "keep theta_n^prev". Returns (w [N, M], degenerate [N]).
-    """
-    return similarity_ratios(
-        loss_cross,
-        loss_own,
-        dist,
-        gamma=1.0,
-        g1=0.0,
-        g2=0.0,
-        eps=eps,
-        valid=valid,
-        degenerate="zeros",
-    )
-
-
-def fedfomo_raw_weights(
-    loss_cross: jax.Array, loss_own: jax.Array, dist: jax.Array, *, eps: float = EPS
-) -> jax.Array:
-    """Unclipped FedFomo weights (l_n(prev) - l_n(theta_m)) / max(||.||, eps): [N, M]."""
-    return (_float(loss_own)[..., :, None] - _float(loss_cross)) / jnp.maximum(_float(dist), eps)
-
-
-def fedfomo_affinity_update(
-    affinity: jax.Array, raw_weights: jax.Array, ids: jax.Array, valid: jax.Array | None = None
-) -> jax.Array:
-    """FedFomo's server affinity P[n, ids[n, s]] += w[n, s] (spec 4, [bg]).
-
-    affinity [N, N]; raw_weights [N, M] are the unclipped weights of the M downloaded models
-    ids [N, M] (int). Following the FedFomo reference code the raw weights are added, so a
-    harmful model lowers the affinity. Slots with valid False add nothing.
-    """
-    w = _float(raw_weights)
-    if valid is not None:
-        w = jnp.where(valid, w, 0.0)
-    rows = jnp.arange(affinity.shape[0])[:, None]
-    return _float(affinity).astype(w.dtype).at[rows, ids].add(w)
-
-
-def fedfomo_choose_downloads(
-    key: jax.Array, affinity: jax.Array, m: int, epsilon: float | jax.Array
-) -> jax.Array:
-    """Which M peer models each client downloads: ids int32 [N, m] (spec 4, [bg]).
-
-    epsilon-greedy per client: with probability epsilon m peers uniformly at random, otherwise
-    the top m of the client's affinity row (ties to the lower id). A client never downloads its
-    own model.
-    """
-    n = affinity.shape[0]
-    if not 1 <= m <= n - 1:
-        raise ValueError(f"m={m!r} is not allowed: an int in [1, N - 1] = [1, {n - 1}]")
-    _check_number("epsilon", epsilon, lambda v: (v >= 0) & (v <= 1), "a number in [0, 1]")
-    k_coin, k_rand = jax.random.split(key)
-    self_mask = jnp.eye(n, dtype=bool)
-    _, top = jax.lax.top_k(jnp.where(self_mask, -jnp.inf, _float(affinity)), m)
-    rand = _selection.sample_excluding(k_rand, self_mask, m)
-    explore = jax.random.uniform(k_coin, (n, 1)) < epsilon
-    return jnp.where(explore, rand, top).astype(jnp.int32)
-
-
 # ----------------------------------------------------------------------------- selection (Alg. 1)
 
 
 def _check_k_b(k: Any, b: Any, n: int) -> None:
-    kc, bc = _concrete(k), _concrete(b)
+    kc, bc = concrete(k), concrete(b)
     if kc is not None and not 1 <= int(kc) <= n:
         raise ValueError(f"k={k!r} is not allowed: an int in [1, N] = [1, {n}]")
     if bc is not None and not 1 <= int(bc) <= (int(kc) if kc is not None else n):
@@ -322,7 +231,7 @@ def colsum_select(sr: jax.Array, k: int | jax.Array) -> tuple[jax.Array, jax.Arr
 def greedy_select(
     sr: jax.Array, k: int | jax.Array, b: int | jax.Array, *, fast_path: bool = True
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Algorithm 1 in the closed vectorized form of spec 2.3.2.
+    """Algorithm 1 (the greedy (1 - 1/e) approximation of Definition 4) in closed vectorized form.
 
     sr [N, N] >= 0 (row = consumer); k uploaders, b labeling models per client (1 <= b <= k <=
     N; traced values are clipped into that range). K steps of: add the unchosen provider with
@@ -339,7 +248,7 @@ def greedy_select(
     _check_k_b(k, b, n)
     if fast_path and isinstance(k, int) and isinstance(b, int) and k == b:
         return colsum_select(sr, k)
-    sr = _float(sr)
+    sr = as_float(sr)
     k = jnp.clip(jnp.asarray(k, jnp.int32), 1, n)
     b = jnp.clip(jnp.asarray(b, jnp.int32), 1, k)
     rows = jnp.arange(n)
@@ -376,7 +285,7 @@ class Selection(NamedTuple):
 def budget_candidates(
     c1: float | jax.Array, c2: float | jax.Array, c3: float | jax.Array, n: int
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The (K, B) pairs of spec 2.3.3 from Ineq. 26, B * c2 + K * c3 <= c1, 1 <= B <= K <= n.
+    """The (K, B) pairs of Ineq. 26 (Sec. 4.4), B * c2 + K * c3 <= c1, 1 <= B <= K <= n.
 
     Row K - 1 holds K and B(K) = the largest feasible B <= K; valid marks K in [min(K_lo, K_hi),
     K_hi], K_lo the largest K with B = K feasible (at least 1), K_hi the largest K with B >= 1.
@@ -384,11 +293,11 @@ def budget_candidates(
     and every valid pair satisfies the inequality in floating point.
     Returns (k int32 [n], b int32 [n] (0 where no B fits), valid bool [n]).
     """
-    _check_number("c2", c2, lambda v: v >= 0, "a number >= 0 (seconds per labeling model)")
-    _check_number("c3", c3, lambda v: v >= 0, "a number >= 0 (seconds per uploaded model)")
+    check_number("c2", c2, lambda v: v >= 0, "a number >= 0 (seconds per labeling model)")
+    check_number("c3", c3, lambda v: v >= 0, "a number >= 0 (seconds per uploaded model)")
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r} is not allowed: an int >= 1 (the number of clients)")
-    return _budget_candidates(_float(c1), _float(c2), _float(c3), n)
+    return _budget_candidates(as_float(c1), as_float(c2), as_float(c3), n)
 
 
 @functools.partial(jax.jit, static_argnames="n")
@@ -435,7 +344,7 @@ def upload_to_cache(
     cache_round: jax.Array | None = None,
     round_index: int | jax.Array = 0,
 ) -> tuple[PyTree, jax.Array | None]:
-    """Spec 2.3.4: cache[i] <- rec[i] for the chosen i, every other entry unchanged.
+    """Phase 1's upload (Sec. 5): cache[i] <- rec[i] for the chosen i, every other unchanged.
 
     Leaves of cache and rec lead with [N]; chosen [N] bool. cache_round [N] int (optional) is
     set to round_index where chosen. Returns (cache, cache_round).
@@ -457,14 +366,15 @@ def upload_to_cache(
 def labeling_weights(
     sr: jax.Array, x: jax.Array, *, renormalize: bool = False
 ) -> tuple[jax.Array, jax.Array]:
-    """W[n, i] = S[n, i] * x[n, i], DoFed-SPP's personalized aggregation weights (spec 2.4).
+    """W[n, i] = S[n, i] * x[n, i], DoFed-SPP's personalized aggregation weights (Eq. 20).
 
     sr [N, M], x [N, M] bool. Not renormalized by default (the argmax does not care); with
     renormalize=True rows sum to 1 (soft labels for diagnostics). A row with sum W = 0 gets
-    uniform weights over its selected models (A4). Returns (W [N, M], degenerate [N] bool).
+    uniform weights over its selected models (docs/choices.md, DoFed-SPP A4).
+    Returns (W [N, M], degenerate [N] bool).
     """
     x = jnp.asarray(x, bool)
-    w = jnp.where(x, _float(sr), 0.0)
+    w = jnp.where(x, as_float(sr), 0.0)
     total = jnp.sum(w, axis=-1, keepdims=True)
     is_degenerate = total[..., 0] <= 0.0
     uniform = x / jnp.maximum(jnp.sum(x, axis=-1, keepdims=True), 1).astype(w.dtype)
@@ -489,7 +399,7 @@ def selected_slots(
     order = jnp.argsort(key, axis=-1)[..., :b]
     valid = jnp.take_along_axis(jnp.asarray(x, bool), order, axis=-1)
     ids = jnp.where(valid, order, 0).astype(jnp.int32)
-    w = jnp.where(valid, jnp.take_along_axis(_float(weights), order, axis=-1), 0.0)
+    w = jnp.where(valid, jnp.take_along_axis(as_float(weights), order, axis=-1), 0.0)
     return ids, w, valid
 
 
@@ -500,18 +410,19 @@ def soft_vote(probs: jax.Array, weights: jax.Array, *, from_logits: bool = False
     (S = B gathered slots, or S = N with zero weights for unused providers). from_logits applies
     a softmax first.
     """
-    p = _float(probs)
+    p = as_float(probs)
     if from_logits:
         p = jax.nn.softmax(p, axis=-1)
-    return jnp.einsum("ns,nsdq->ndq", _float(weights).astype(p.dtype), p)
+    return jnp.einsum("ns,nsdq->ndq", as_float(weights).astype(p.dtype), p)
 
 
 def pseudo_labels(
     probs: jax.Array, weights: jax.Array, *, from_logits: bool = False
 ) -> tuple[jax.Array, jax.Array]:
-    """Hard pseudo-labels y[n, d] = argmax_q q_n(x_d) (Eq. 20, A21): -> (int32 [N, D], q [N, D, Q]).
+    """Hard pseudo-labels y[n, d] = argmax_q q_n(x_d) (Eq. 20): -> (int32 [N, D], q [N, D, Q]).
 
-    Ties go to the lowest class. Padded samples get a label too; mask them downstream.
+    Hard, as Eq. 20's OneHot (docs/choices.md, DoFed-SPP A21); ties go to the lowest class.
+    Padded samples get a label too; mask them downstream.
     """
     q = soft_vote(probs, weights, from_logits=from_logits)
     return jnp.argmax(q, axis=-1).astype(jnp.int32), q
@@ -520,7 +431,7 @@ def pseudo_labels(
 def student_targets(
     y_pl: jax.Array, mask_u: jax.Array, y_l: jax.Array, mask_l: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    """Labels and mask of D^p = pseudo-labeled D_unl + truly labeled D_lab (spec 2.4, line 24).
+    """Labels and mask of D^p = pseudo-labeled D_unl + truly labeled D_lab (Algorithm 2 l. 24-28).
 
     y_pl, mask_u [N, Du]; y_l, mask_l [N, Dl] -> (labels int32 [N, Du + Dl], mask [N, Du + Dl]),
     in the order of concat(x_u, x_l). Rebuilt from scratch every round.

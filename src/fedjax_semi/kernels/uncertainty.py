@@ -1,6 +1,8 @@
-"""UM-pFSSL's array kernels (spec `uncertainty_pfssl.md` section 2): MC-dropout predictive
-distribution and entropy, the data-relation metric Corr(k|j), helper-weighted personalized
-aggregation, and pseudo-labels from the least uncertain helper.
+"""UM-pFSSL's array kernels (Shi, Chen, Zhang, "Uncertainty Minimization for Personalized
+Federated Semi-Supervised Learning", Sec. 4): MC-dropout predictive distribution and entropy
+(Eqs. 9, 10), the data-relation metric Corr(k|j) (Eqs. 12-14), helper-weighted personalized
+aggregation (Algorithm 1 lines 14-15), and pseudo-labels from the least uncertain helper
+(Eq. 11). Our answers to what the paper leaves open are in docs/choices.md (UM-pFSSL section).
 
 Everything here is pure jnp over fixed shapes; callers vmap over (client, helper) pairs.
 """
@@ -15,18 +17,19 @@ import jax.numpy as jnp
 from fedjax_semi.models.zoo import Model
 
 PyTree = Any
-EPS_H = 1e-6  # floor of the normalized entropy in Corr's reciprocal term (spec 2.3)
+EPS_H = 1e-6  # floor of H in Corr's reciprocal term (docs/choices.md, UM-pFSSL A11)
 
 
-# ----------------------------------------------------------------------------- Kernel A
+# ------------------------------------------------------------------------- MC dropout (Eqs. 9, 10)
 
 
 def mc_logits(model: Model, variables: PyTree, x: jax.Array, keys: jax.Array) -> jax.Array:
     """Logits of T dropout samples: x [N, ...], keys [T] -> [T, N, NC].
 
-    BatchNorm runs on its running statistics; only dropout is random. Models that expose a
-    deterministic `prefix` and a stochastic `suffix` (ResNet-9) run the prefix once and vmap
-    only the suffix over the keys, which is the same function (spec 2.2, AC3).
+    BatchNorm runs on its running statistics; only dropout is random (docs/choices.md, UM-pFSSL
+    A26). Models that expose a deterministic `prefix` and a stochastic `suffix` (ResNet-9) run
+    the prefix once and vmap only the suffix over the keys, which is the same function
+    (test_prefix_suffix_equals_whole_network_ac3 compares the two).
     """
     module = model.module
     if hasattr(module, "prefix") and hasattr(module, "suffix"):
@@ -110,7 +113,7 @@ def mc_predict_rows(
     return p_bar.reshape(-1, num_classes)[:n], ent.reshape(-1)[:n]
 
 
-# ----------------------------------------------------------------------------- Kernel B
+# ------------------------------------------------------------------------------- Corr (Eqs. 12-14)
 
 
 def relation_metric(
@@ -130,9 +133,10 @@ def relation_metric(
     ent_u [Nu], mask_u [Nu]: j's entropy on k's unlabeled data.
     p_bar_s [Ns, NC], y_s [Ns], mask_s [Ns]: j's MC mean on k's labeled data.
     mu: k's labeled ratio. form: "inverse" ((1 - mu) / H + mu Acc, the paper's Eq. 13
-    literally) or "complement" ((1 - mu)(1 - H) + mu Acc, for ablation).
-    reduction: "mean" (H in [0, 1], spec A10) or "sum" (Eq. 12 literally, H in [0, Nu]).
-    eps: floor of H in the reciprocal. Returns corr, h_bar and acc.
+    literally) or "complement" ((1 - mu)(1 - H) + mu Acc, for ablation; docs/choices.md,
+    UM-pFSSL A11). reduction: "mean" (H in [0, 1]; A10 there) or "sum" (Eq. 12 literally,
+    H in [0, Nu]). eps: floor of H in the reciprocal. A term over an empty set is 0 (A13 there).
+    Returns corr, h_bar and acc.
     """
     n_u, n_s = jnp.sum(mask_u), jnp.sum(mask_s)
     h_bar = jnp.sum(jnp.where(mask_u, ent_u, 0.0)) / jnp.log(num_classes)
@@ -173,11 +177,11 @@ def pair_stats(
     eps: float = EPS_H,
     acc_mode: str = "mc_mean",
 ) -> dict:
-    """Helper model `variables` on one client's data (spec 2.3, per pair).
+    """Helper model `variables` on one client's data: the Eq. 12-14 statistics of one pair.
 
     unl_idx [Nu], lab_idx [Ns]: the client's index rows; counts are the valid lengths.
     acc_mode: Acc(k|j) from the argmax of the MC mean ("mc_mean") or of the network with
-    dropout off ("deterministic"), spec A12.
+    dropout off ("deterministic"); docs/choices.md, UM-pFSSL A12.
     Returns corr, h_bar, acc, p_bar_u [Nu, NC] (zero on padding) and ent_u [Nu] (+inf on
     padding, so a padded row never wins an argmin).
     """
@@ -199,13 +203,14 @@ def pair_stats(
     return stats
 
 
-# ----------------------------------------------------------------------------- Kernel D
+# ------------------------------------------------------------------- aggregation (Alg. 1 l. 14-15)
 
 
 def aggregation_weights(corr: jax.Array, valid: jax.Array) -> jax.Array:
-    """Helper weights omega [S, M] from Corr [S, M] and validity [S, M] (spec 2.5).
+    """Helper weights omega [S, M] from Corr [S, M] and validity [S, M] (Algorithm 1 line 15).
 
-    Proportional to Corr over valid slots; uniform over valid slots when they all have ~0 Corr.
+    Proportional to Corr over valid slots; uniform over valid slots when they all have ~0 Corr
+    (docs/choices.md, UM-pFSSL A13).
     """
     w = jnp.where(valid, corr, 0.0)
     total = jnp.sum(w, axis=-1, keepdims=True)
@@ -216,12 +221,13 @@ def aggregation_weights(corr: jax.Array, valid: jax.Array) -> jax.Array:
 def personalized_average(weights: jax.Array, helpers: PyTree) -> PyTree:
     """sum_m omega[s, m] * helpers[s, m] for every leaf: [S, M], [S, M, ...] -> [S, ...].
 
-    Applies to every variable, BatchNorm running statistics included.
+    Applies to every variable, BatchNorm running statistics included (docs/choices.md,
+    UM-pFSSL A21).
     """
     return jax.tree.map(lambda a: jnp.einsum("sm,sm...->s...", weights.astype(a.dtype), a), helpers)
 
 
-# ----------------------------------------------------------------------------- Kernel E
+# -------------------------------------------------------------------------- pseudo-labels (Eq. 11)
 
 
 def helper_pseudo_labels(
@@ -230,8 +236,9 @@ def helper_pseudo_labels(
     """Pseudo-labels from the least uncertain valid helper per sample (Eq. 11).
 
     p_bar [S, M, Nu, NC], ent [S, M, Nu], valid [S, M] -> (y_hat [S, Nu, NC], chosen slot
-    [S, Nu], confidence [S, Nu]). Ties go to the lowest slot (self is slot 0). `hard` gives
-    one-hot labels; confidence is the chosen helper's top MC-mean probability either way.
+    [S, Nu], confidence [S, Nu]). Ties go to the lowest slot (self is slot 0). Soft labels by
+    default; `hard` gives one-hot labels (docs/choices.md, UM-pFSSL A14). confidence is the
+    chosen helper's top MC-mean probability either way.
     """
     masked = jnp.where(valid[:, :, None], ent, jnp.inf)
     chosen = jnp.argmin(masked, axis=1)  # [S, Nu]; argmin returns the first minimum

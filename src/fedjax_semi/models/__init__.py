@@ -1,16 +1,8 @@
-"""Models: vmap/scan-friendly layers and the model registry."""
+"""Models: vmap/scan-friendly layers, the flax architectures and the model registry."""
 
+from fedjax_semi.models.architectures import CNN, MLP, ResNet9
 from fedjax_semi.models.layers import Conv, Dropout, avg_pool, global_max_pool, max_pool
-from fedjax_semi.models.zoo import (
-    CNN,
-    MLP,
-    MODELS,
-    Model,
-    ResNet9,
-    make_model,
-    model_names,
-    num_params,
-)
+from fedjax_semi.models.zoo import MODELS, Model, make_model, model_names, num_params
 
 __all__ = [
     "CNN",

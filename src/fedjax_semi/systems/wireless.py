@@ -1,5 +1,7 @@
-"""DoFed-SPP's wireless and time model (spec `dofed_spp.md` sections 1.5, 2.8 and 3.6) and the
-simulated clock, as pure functions.
+"""DoFed-SPP's wireless and time model (Ching et al., IEEE TSC 2023: Sec. 3.1, Eqs. 7-9 and
+12-13; Sec. 4.4, Eqs. 23-26; the experiments' upload rates, Sec. 6.1) and the simulated clock,
+as pure functions. Where the paper gives only symbols, the constants are ours (docs/choices.md,
+DoFed-SPP A15, A17, A18).
 
 Units: seconds, model sizes in MB (10^6 bytes), upload rates in MB/s, Shannon rates in bit/s,
 bandwidth in Hz, powers in W, noise as a power spectral density in W/Hz. Uploads serialize on the
@@ -17,9 +19,9 @@ import numpy as np
 
 PyTree = Any
 
-BYTES_PER_MB = 1e6  # spec 2.8: m in MB of 10^6 bytes
+BYTES_PER_MB = 1e6  # m in MB of 10^6 bytes (the paper's sizes, Sec. 6.1, are approximate)
 BITS_PER_MB = 8 * BYTES_PER_MB
-RATE_MBPS = (2.0, 10.0)  # spec 1.5 / 3.6: per-upload rate ~ U[2, 10] MB/s
+RATE_MBPS = (2.0, 10.0)  # Sec. 6.1: per-upload rate ~ U[2, 10] MB/s
 MODES = ("empirical", "shannon")
 
 
@@ -52,7 +54,7 @@ def param_count(params: PyTree) -> int:
 
 
 def model_size_mb(num_params: int, bytes_per_param: int = 4) -> float:
-    """m = param count x bytes per parameter, in MB of 10^6 bytes (spec 2.8, 3.6)."""
+    """m = param count x bytes per parameter, in MB of 10^6 bytes (Eq. 9's model size m)."""
     _check_number("num_params", num_params, lambda v: v >= 0, "an int >= 0")
     _check_number("bytes_per_param", bytes_per_param, lambda v: v > 0, "an int > 0")
     return num_params * bytes_per_param / BYTES_PER_MB
@@ -77,7 +79,8 @@ def dbm_to_watt(dbm: Any) -> jax.Array:
 def path_loss_gain(
     distance_km: Any, intercept_db: float = 128.1, slope_db: float = 37.6
 ) -> jax.Array:
-    """Channel gain g = 10^(-PL/10) with PL = 128.1 + 37.6 log10(d_km) dB (spec 3.6 example)."""
+    """Channel gain g = 10^(-PL/10) with PL = 128.1 + 37.6 log10(d_km) dB, a common macro-cell
+    path-loss model; the paper gives g only as a symbol (docs/choices.md, DoFed-SPP A18)."""
     _check_number("distance_km", distance_km, lambda v: v > 0, "a distance > 0 in km")
     pl_db = intercept_db + slope_db * jnp.log10(jnp.asarray(distance_km, jnp.float32))
     return 10.0 ** (-pl_db / 10.0)
@@ -94,7 +97,7 @@ def shannon_rate(bandwidth_hz: Any, gain: Any, power_w: Any, noise_psd: Any) -> 
 
 
 def shannon_rate_mbps(bandwidth_hz: Any, gain: Any, power_w: Any, noise_psd: Any) -> jax.Array:
-    """Eq. 8 in MB/s, the unit of the empirical mode (spec 3.6: calibrate into 2-10 MB/s)."""
+    """Eq. 8 in MB/s, the unit of the empirical mode (Sec. 6.1's rates are 2-10 MB/s)."""
     return shannon_rate(bandwidth_hz, gain, power_w, noise_psd) / BITS_PER_MB
 
 
@@ -124,7 +127,8 @@ def design_upload_time(
     k: Any, model_mb: Any, bandwidth_hz: Any, gain: Any, power_w: Any, noise_psd: Any
 ) -> jax.Array:
     """Eq. 24 literally: t^u = K m / (b log2(1 + g p / (N0 b))). The K uploaders share b, yet b
-    (not b / K) stays inside the log, as in the paper (A18). m in MB, result in seconds."""
+    (not b / K) stays inside the log, as in the paper (docs/choices.md, DoFed-SPP A18). m in MB,
+    result in seconds."""
     rate = shannon_rate(bandwidth_hz, gain, power_w, noise_psd)
     return jnp.asarray(k, jnp.float32) * model_mb * BITS_PER_MB / rate
 
@@ -149,7 +153,7 @@ def budget_constants(
     round_budget_s = T / G; fixed_compute_s = (I C_tra D + C_SR) / f (the compute that does not
     grow with B: `design_compute_time(..., b=0, ...)` or `dofed_compute_time(..., b=0)`);
     label_s_per_model = C_pse / f; upload_s_per_model = m / r (Shannon: `design_upload_time(1,
-    ...)`; empirical: m * `expected_inverse_rate()`, spec 2.3.3).
+    ...)`; empirical: m * `expected_inverse_rate()`, the expected upload time at random rates).
     """
     _check_number("label_s_per_model", label_s_per_model, lambda v: v >= 0, "seconds >= 0")
     _check_number("upload_s_per_model", upload_s_per_model, lambda v: v >= 0, "seconds >= 0")
@@ -163,7 +167,7 @@ def budget_constants(
 def sample_rates(
     key: jax.Array, shape: tuple[int, ...], rate_range: tuple[float, float] = RATE_MBPS
 ) -> jax.Array:
-    """Empirical upload rates r ~ U[low, high] MB/s, one fresh draw per upload (spec 1.5)."""
+    """Empirical upload rates r ~ U[low, high] MB/s, one fresh draw per upload (Sec. 6.1)."""
     _check_rate_range(rate_range)
     lo, hi = rate_range
     return jax.random.uniform(key, shape, jnp.float32, lo, hi)
@@ -178,7 +182,8 @@ def round_upload_time(
     rate_range: tuple[float, float] = RATE_MBPS,
     rate_mbps: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Upload time of one round: sum over the chosen i of m / r_i (uploads serialize, spec 2.8).
+    """Upload time of one round: sum over the chosen i of m / r_i (uploads serialize on the
+    shared uplink).
 
     chosen [N] bool. mode "empirical": r_i ~ U[rate_range] MB/s, drawn afresh from `key` for
     every client (fold the round into the key). mode "shannon": rate_mbps (scalar or [N], from
@@ -202,7 +207,8 @@ def round_upload_time(
 
 
 def compute_time(n_samples: Any, sec_per_sample: Any, passes: Any = 1) -> jax.Array:
-    """Analytic compute time passes * n * seconds per sample (spec 2.8 [rec], A17)."""
+    """Analytic compute time passes * n * seconds per sample, in place of Eq. 7's I C D / f
+    (docs/choices.md, DoFed-SPP A17)."""
     _check_number("sec_per_sample", sec_per_sample, lambda v: v >= 0, "seconds >= 0")
     return jnp.asarray(passes, jnp.float32) * n_samples * sec_per_sample
 
@@ -219,7 +225,8 @@ def dofed_compute_time(
     epochs_rec: Any = 1,
     epochs_tar: Any = 1,
 ) -> jax.Array:
-    """Compute time of one DoFed-SPP round (spec 2.8), the slowest client's (parallel devices):
+    """Compute time of one DoFed-SPP round (Eq. 23's terms), the slowest client's (devices run
+    in parallel):
 
         t_train(|D_tr|) E_rec + t_train(|D_unl| + |D_lab|) E_tar + t_infer(N |D_lab|)
         + t_infer(B |D_unl|)
@@ -244,8 +251,9 @@ def phase0_compute_time(
     sec_per_infer_sample: Any,
     epochs_rec: Any = 1,
 ) -> jax.Array:
-    """Phase 0's compute (spec 2.8): L t_train(|D_tr|) E_rec + t_infer(N |D_lab|), slowest
-    client. Its N uploads come from `round_upload_time` with every client chosen (A15)."""
+    """Phase 0's compute (Algorithm 2 lines 1-12): L t_train(|D_tr|) E_rec + t_infer(N |D_lab|),
+    slowest client. Its N uploads come from `round_upload_time` with every client chosen; both
+    count on the clock (docs/choices.md, DoFed-SPP A15)."""
     _check_number("warmup_rounds", warmup_rounds, lambda v: v >= 0, "an int >= 0")
     warm = compute_time(n_train, sec_per_train_sample, jnp.asarray(warmup_rounds) * epochs_rec)
     sr = compute_time(jnp.asarray(n_lab) * n_providers, sec_per_infer_sample)
@@ -258,5 +266,5 @@ def advance_clock(clock: Any, t_compute: Any, t_upload: Any = 0.0) -> jax.Array:
 
 
 def over_budget(clock: Any, time_budget_s: Any) -> jax.Array:
-    """TTAP stop rule (spec 3.7): True once the simulated clock reaches the budget."""
+    """TTAP stop rule (Sec. 6.1): True once the simulated clock reaches the budget."""
     return jnp.asarray(clock) >= time_budget_s
