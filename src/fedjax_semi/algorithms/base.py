@@ -14,17 +14,22 @@ the method holding it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_semi.config import AlgorithmConfig
+from fedjax_semi.config import AlgorithmConfig, SystemsConfig
 from fedjax_semi.data.federated import FederatedData, TrainView
 from fedjax_semi.engine.clients import select_cohort
 from fedjax_semi.engine.state import FLState
 from fedjax_semi.errors import bad
+from fedjax_semi.models.zoo import Model
+from fedjax_semi.systems import wireless
+from fedjax_semi.systems.compute import Compute
+from fedjax_semi.systems.uplink import Uplink
 
 PyTree = Any
 Mapper = Callable[..., PyTree]  # mapper(fn, xs, *shared) -> stacked outputs
@@ -79,6 +84,27 @@ class Capabilities:
         `cfg.cohort_sampler`. int32 [S]."""
         n, s = self.num_clients, self.clients_per_round  # type: ignore[attr-defined]
         return select_cohort(key, rnd, n, s, self.cfg.cohort_sampler)  # type: ignore[attr-defined]
+
+
+@dataclasses.dataclass
+class Method(Capabilities):
+    """What every method is built from: the fields each factory receives, and the model's size
+    on the simulated clock (`systems`: its uplink and compute models). A method extends it,
+    narrowing `cfg` to its own config class, and calls `super().__post_init__()` first."""
+
+    cfg: AlgorithmConfig
+    model: Model
+    num_clients: int
+    clients_per_round: int
+    data_seed: int = 0  # host-side draws of the data (the server pools); most methods: unused
+    eval_batch: int = 1000
+    systems: SystemsConfig = dataclasses.field(default_factory=SystemsConfig)
+
+    def __post_init__(self) -> None:
+        self.template = jax.eval_shape(self.model.init, SHAPE_KEY)  # shapes only
+        self.model_mb = wireless.model_size_mb(wireless.param_count(self.template["params"]))
+        self.uplink = Uplink.from_config(self.systems, self.model_mb)
+        self.compute = Compute.from_config(self.systems)
 
 
 def _client_finite(stacked) -> jax.Array:

@@ -38,10 +38,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from fedjax_semi.algorithms.base import (
-    SHAPE_KEY,
-    Capabilities,
     FLState,
     Mapper,
+    Method,
     cohort_metrics,
     register,
 )
@@ -53,7 +52,6 @@ from fedjax_semi.algorithms.dofed_task import (
     evaluate_clients,
     low_rank,
 )
-from fedjax_semi.config import SystemsConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import broadcast, gather
 from fedjax_semi.engine.keys import (
@@ -75,10 +73,7 @@ from fedjax_semi.engine.train import (
 )
 from fedjax_semi.errors import ConfigError
 from fedjax_semi.kernels import similarity as sim
-from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
-from fedjax_semi.systems.compute import Compute
-from fedjax_semi.systems.uplink import Uplink
 
 PyTree = Any
 
@@ -108,20 +103,15 @@ class DoFedPlan:
 
 
 @dataclasses.dataclass
-class DoFedSPP(Capabilities):
+class DoFedSPP(Method):
     cfg: DoFedSPPConfig
-    model: Model
-    num_clients: int
-    clients_per_round: int  # not used: every client trains every round
-    data_seed: int = 0  # host-side draws of the data (unused here)
-    eval_batch: int = 1000
-    systems: SystemsConfig = dataclasses.field(default_factory=SystemsConfig)
     name: str = "dofed_spp"
     roles: tuple[str, ...] = ("labeled", "target_labeled", "target_unlabeled", "test")
     oracle: bool = False
     has_global_model: bool = False
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         c = self.cfg
         self.objective = LocalObjective(self.model)  # CE; the student's labels come as extras
         self.evaluator = client_evaluator(self.model, per_client=True)
@@ -129,10 +119,6 @@ class DoFedSPP(Capabilities):
         self.tx_tar = make_optimizer(c.optimizer, c.lr_tar, c.momentum, c.weight_decay)
         self.schedule_rec = Schedule(c.batch_size, c.local_epochs, c.local_steps)
         self.schedule_tar = Schedule(c.batch_size, c.local_epochs_tar, 0)
-        template = jax.eval_shape(self.model.init, SHAPE_KEY)
-        self.model_mb = wireless.model_size_mb(wireless.param_count(template["params"]))
-        self.uplink = Uplink.from_config(self.systems, self.model_mb)
-        self.compute = Compute.from_config(self.systems)
         self.gamma = c.lr if c.sr_gamma is None else c.sr_gamma
         self.budget_mode = c.selection_mode == "budget"
         # Labeling slots per client: B in fixed mode; all N (zero weights) when B varies.

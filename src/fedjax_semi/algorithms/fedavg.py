@@ -33,15 +33,14 @@ from flax import struct
 
 from fedjax_semi.algorithms import dofed_baselines as dofed
 from fedjax_semi.algorithms.base import (
-    SHAPE_KEY,
-    Capabilities,
     FLState,
     Mapper,
+    Method,
     client_accuracy,
     cohort_metrics,
     register,
 )
-from fedjax_semi.config import AlgorithmConfig, SystemsConfig
+from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, TrainView
 from fedjax_semi.engine import aggregate
 from fedjax_semi.engine.aggregate import SHARE_PRESETS
@@ -56,10 +55,7 @@ from fedjax_semi.engine.train import (
     make_optimizer,
 )
 from fedjax_semi.errors import bad
-from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
-from fedjax_semi.systems.compute import Compute
-from fedjax_semi.systems.uplink import Uplink
 
 WEIGHTINGS = ("num_samples", "uniform")
 
@@ -114,14 +110,8 @@ class FedAvgPlan:
 
 
 @dataclasses.dataclass
-class FedAvgFamily(Capabilities):
+class FedAvgFamily(Method):
     cfg: FedAvgConfig
-    model: Model
-    num_clients: int
-    clients_per_round: int
-    data_seed: int = 0  # host-side draws of the data (unused here)
-    eval_batch: int = 1000
-    systems: SystemsConfig = dataclasses.field(default_factory=SystemsConfig)
     name: str = "fedavg"
     primary: str = "labeled"  # the role local epochs run over
     oracle: bool = False
@@ -130,6 +120,7 @@ class FedAvgFamily(Capabilities):
     roles: tuple[str, ...] = ("labeled", "unlabeled", "test")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         c = self.cfg
         self.tx = make_optimizer(c.optimizer, c.lr, c.momentum, c.weight_decay)
         self.schedule = Schedule(c.batch_size, c.local_epochs, c.local_steps)
@@ -140,8 +131,7 @@ class FedAvgFamily(Capabilities):
             pl_threshold=c.pl_threshold,
             fixmatch=self.fixmatch,
         )
-        template = jax.eval_shape(self.model.init, SHAPE_KEY)
-        self.mask = aggregate.share_mask(template, c.shared)
+        self.mask = aggregate.share_mask(self.template, c.shared)
         self.personal = not aggregate.all_shared(self.mask)
         # The server holds a whole usable model only when every leaf is shared (FedBN, FedPer,
         # LG-FedAvg have none: their accuracy is each client's own model on its own test split).
@@ -150,10 +140,6 @@ class FedAvgFamily(Capabilities):
         # The single global model is evaluated without vmap, where XLA's conv is faster.
         self.global_eval_model = self.model.with_conv("xla")
         self.unlabeled_batch = c.unlabeled_batch_ratio * c.batch_size if self.pseudo_labels else 0
-        self.model_mb = wireless.model_size_mb(wireless.param_count(template["params"]))
-        # DoFed-SPP's tasks' clock.
-        self.uplink = Uplink.from_config(self.systems, self.model_mb)
-        self.compute = Compute.from_config(self.systems)
 
     # ------------------------------------------------------------------ state
 

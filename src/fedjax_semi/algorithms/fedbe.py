@@ -35,15 +35,14 @@ import numpy as np
 
 from fedjax_semi.algorithms import dofed_baselines as common
 from fedjax_semi.algorithms.base import (
-    SHAPE_KEY,
-    Capabilities,
     FLState,
     Mapper,
+    Method,
     cohort_metrics,
     register,
 )
 from fedjax_semi.algorithms.dofed_task import data_roles
-from fedjax_semi.config import AlgorithmConfig, SystemsConfig
+from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine import aggregate
 from fedjax_semi.engine.keys import (
@@ -69,8 +68,6 @@ from fedjax_semi.engine.train import (
 from fedjax_semi.errors import ConfigError, bad
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
-from fedjax_semi.systems.compute import Compute
-from fedjax_semi.systems.uplink import Uplink
 
 PyTree = Any
 
@@ -268,20 +265,15 @@ def pool_logits(model: Model, variables: PyTree, x: jax.Array, idx: jax.Array, b
 
 
 @dataclasses.dataclass
-class FedBE(Capabilities):
+class FedBE(Method):
     cfg: FedBEConfig
-    model: Model
-    num_clients: int
-    clients_per_round: int
-    data_seed: int = 0  # the server pool's subset draw belongs to the data
-    eval_batch: int = 1000
-    systems: SystemsConfig = dataclasses.field(default_factory=SystemsConfig)
     name: str = "fedbe"
     roles: tuple[str, ...] = ("labeled", "target_labeled", "target_unlabeled", "test")
     oracle: bool = False
     has_global_model: bool = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         c = self.cfg
         self.objective = LocalObjective(self.model)
         self.tx = make_optimizer(c.optimizer, c.lr, c.momentum, c.weight_decay)
@@ -289,10 +281,6 @@ class FedBE(Capabilities):
         self.distill_objective = DistillObjective(self.model)
         self.distill_tx = make_optimizer("sgd", c.fedbe_distill_lr, c.fedbe_distill_momentum)
         self.distill_schedule = Schedule(c.fedbe_distill_batch_size, 1, 0)  # one epoch per call
-        template = jax.eval_shape(self.model.init, SHAPE_KEY)
-        self.model_mb = wireless.model_size_mb(wireless.param_count(template["params"]))
-        self.uplink = Uplink.from_config(self.systems, self.model_mb)
-        self.compute = Compute.from_config(self.systems)
         # The server's single-model passes (no vmap, no gradient): XLA's conv is faster there.
         self.server_model = self.model.with_conv("xla")
         self.evaluator = common.client_evaluator(self.model, per_client=False)

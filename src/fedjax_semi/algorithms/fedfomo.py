@@ -36,15 +36,14 @@ from jax.flatten_util import ravel_pytree
 
 from fedjax_semi.algorithms import dofed_baselines as common
 from fedjax_semi.algorithms.base import (
-    SHAPE_KEY,
-    Capabilities,
     FLState,
     Mapper,
+    Method,
     cohort_metrics,
     register,
 )
 from fedjax_semi.algorithms.dofed_task import data_roles
-from fedjax_semi.config import AlgorithmConfig, SystemsConfig
+from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import broadcast, gather, scatter
 from fedjax_semi.engine.keys import DOWNLOAD, INIT, client_key, round_key
@@ -60,10 +59,7 @@ from fedjax_semi.engine.train import (
 from fedjax_semi.errors import bad
 from fedjax_semi.kernels import fedfomo_weights as fw
 from fedjax_semi.kernels import similarity as sim
-from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
-from fedjax_semi.systems.compute import Compute
-from fedjax_semi.systems.uplink import Uplink
 
 PyTree = Any
 
@@ -135,28 +131,19 @@ class FomoPlan:
 
 
 @dataclasses.dataclass
-class FedFomo(Capabilities):
+class FedFomo(Method):
     cfg: FedFomoConfig
-    model: Model
-    num_clients: int
-    clients_per_round: int
-    data_seed: int = 0  # host-side draws of the data (unused here)
-    eval_batch: int = 1000
-    systems: SystemsConfig = dataclasses.field(default_factory=SystemsConfig)
     name: str = "fedfomo"
     roles: tuple[str, ...] = ("labeled", "target_labeled", "target_unlabeled", "test")
     oracle: bool = False
     has_global_model: bool = False
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         c = self.cfg
         self.objective = LocalObjective(self.model)
         self.tx = make_optimizer(c.optimizer, c.lr, c.momentum, c.weight_decay)
         self.schedule = Schedule(c.batch_size, c.local_epochs, 0)
-        template = jax.eval_shape(self.model.init, SHAPE_KEY)
-        self.model_mb = wireless.model_size_mb(wireless.param_count(template["params"]))
-        self.uplink = Uplink.from_config(self.systems, self.model_mb)
-        self.compute = Compute.from_config(self.systems)
         self.evaluator = common.client_evaluator(self.model, per_client=True)
 
     # ------------------------------------------------------------------ state

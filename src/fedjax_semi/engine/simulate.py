@@ -38,7 +38,7 @@ class Runner:
     """Compiles one round and one evaluation, for the jit backend or the reference loop.
 
     The optional parts of a round (a warm-up, per-round switches) are the ones the algorithm
-    declares (`algorithms.base.Capabilities`).
+    declares (`algorithms.base.Capabilities`, which `algorithms.base.Method` extends).
     """
 
     def __init__(
