@@ -24,7 +24,7 @@ from fedjax_semi.algorithms.fedavg import FedAvgConfig, FedAvgFamily, FedAvgPlan
 from fedjax_semi.engine import aggregate
 from fedjax_semi.engine.clients import scatter
 from fedjax_semi.engine.keys import DROPOUT, SAMPLE, client_key
-from fedjax_semi.engine.train import LocalObjective, batch_positions, random_positions
+from fedjax_semi.engine.train import LocalObjective, local_scan
 from fedjax_semi.errors import bad
 
 
@@ -71,73 +71,67 @@ class PFedMe(FedAvgFamily):
             fixmatch=True,
         )
 
-    def client_update(self, inp, shared):
+    def client_update(self, inp: dict, shared: dict) -> dict:
+        """One client's local rounds of pFedMe (Dinh et al. 2020, Algorithm 1): from the received
+        global model w, `local_step` on each batch of the shared masked scan. Returns the local
+        model w_k (sent to the server) and the personalized model theta_k (kept by the client)."""
         c, rnd, cid = self.cfg, shared["round"], inp["id"]
-        table, utable = inp["table"], inp["utable"]
         w = shared["global"]
-        theta = w  # theta_k starts from the received model each round (pFedMe's reference code)
-        n_max = table.idx.shape[0]
-        steps = self.schedule.num_steps(n_max)
-        key_s = client_key(shared["key"], SAMPLE, rnd, cid)
-        pos, valid = batch_positions(key_s, table.count, n_max, self.schedule)
-        upos, uvalid = random_positions(
-            jax.random.fold_in(key_s, 1), utable.count, steps, self.unlabeled_batch
+        model_state = {k: v for k, v in w.items() if k != "params"}
+        # w_{k,0} = w; theta_k starts from the received model each round (pFedMe's reference code).
+        (w_k, theta_k, model_state), stats = local_scan(
+            self.local_step,
+            (w["params"], w["params"], model_state),
+            shared["x"],
+            shared["y"],
+            inp["table"],
+            self.schedule,
+            client_key(shared["key"], SAMPLE, rnd, cid),
+            client_key(shared["key"], DROPOUT, rnd, cid),
+            utable=inp["utable"],
+            unlabeled_batch=self.unlabeled_batch,
         )
-        key_d = client_key(shared["key"], DROPOUT, rnd, cid)
-        x, y = shared["x"], shared["y"]
-
-        def step(carry, s):
-            w_p, theta_p, mstate = carry
-            ids = table.idx[s["pos"]]
-            batch = {
-                "x": x[ids],
-                "y": y[ids],
-                "valid": s["valid"],
-                "ux": x[utable.idx[s["upos"]]],
-                "uvalid": s["uvalid"],
-            }
-            rng = jax.random.fold_in(key_d, s["step"])
-
-            def inner(_, th):
-                th_p, ms = th
-                (_, (new_ms, _)), g = jax.value_and_grad(self.inner, has_aux=True)(
-                    th_p, ms, batch, rng, w_p, True
-                )
-                th_p = jax.tree.map(lambda a, b: a - c.pfedme_personal_lr * b, th_p, g)
-                return th_p, new_ms
-
-            theta_new, ms_new = jax.lax.fori_loop(0, c.pfedme_inner_steps, inner, (theta_p, mstate))
-            w_new = jax.tree.map(lambda a, b: a - c.lr * c.pfedme_lambda * (a - b), w_p, theta_new)
-            active = jnp.any(s["valid"])
-            keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(active, a, b), new, old)
-            loss, _ = self.inner(theta_new, ms_new, batch, rng, w_p, True)
-            return (keep(w_new, w_p), keep(theta_new, theta_p), keep(ms_new, mstate)), (
-                loss * active,
-                active,
-            )
-
-        model_state = {k: v for k, v in theta.items() if k != "params"}
-        xs = {
-            "pos": pos,
-            "valid": valid,
-            "upos": upos,
-            "uvalid": uvalid,
-            "step": jnp.arange(steps),
-        }
-        (w_k, theta_k, mstate), (losses, active) = jax.lax.scan(
-            step, (w["params"], theta["params"], model_state), xs
-        )
-        n_active = jnp.sum(active)
-        count = table.count
+        count = inp["table"].count
         return {
-            "vars": {"params": w_k, **mstate},
-            "theta": {"params": theta_k, **mstate},
+            "vars": {"params": w_k, **model_state},
+            "theta": {"params": theta_k, **model_state},
             "opt": {},
             "weight": (count if c.weighting == "num_samples" else (count > 0)).astype(jnp.float32),
-            "loss": jnp.sum(losses) / jnp.maximum(n_active, 1),
-            "steps": n_active,
-            "pl_rate": jnp.zeros(()),
+            **stats,
         }
+
+    def local_step(
+        self, carry: tuple, batch: dict, rng: jax.Array
+    ) -> tuple[tuple, tuple[jax.Array, jax.Array]]:
+        """One local round r of pFedMe's Algorithm 1 on the batch D (x [B, ...], ux [U, ...]).
+
+        carry: (w, theta, model_state): the local model w_{k,r} and the personalized model
+        theta_k (params pytrees of the model's shapes), and the model's state (BatchNorm).
+
+            theta <- K_in SGD steps (personal_lr), from the last theta, on
+                     h_k(theta; w, D) = l_k(theta; D) + lambda/2 ||theta - w||^2,
+                     an approximate prox_{l_k/lambda}(w) (Eq. (3))
+            w     <- w - lr * lambda * (w - theta)   (the local update: lambda (w - theta)
+                     approximates the gradient at w of the Moreau envelope F_k of Eq. (2))
+
+        Returns the new carry and (h_k at the new theta and the old w, its pseudo-label rate).
+        """
+        c = self.cfg
+        w, theta, model_state = carry
+
+        def personal_step(_, theta_state):
+            th, ms = theta_state
+            (_, (ms, _)), g = jax.value_and_grad(self.inner, has_aux=True)(
+                th, ms, batch, rng, w, True
+            )
+            return jax.tree.map(lambda a, b: a - c.pfedme_personal_lr * b, th, g), ms
+
+        theta, model_state = jax.lax.fori_loop(
+            0, c.pfedme_inner_steps, personal_step, (theta, model_state)
+        )
+        w_next = jax.tree.map(lambda a, b: a - c.lr * c.pfedme_lambda * (a - b), w, theta)
+        loss, (_, aux) = self.inner(theta, model_state, batch, rng, w, True)
+        return (w_next, theta, model_state), (loss, aux["pl_rate"])
 
     def finish(self, state: FLState, plan: FedAvgPlan, out, key: jax.Array):
         c, cohort = self.cfg, plan.cohort

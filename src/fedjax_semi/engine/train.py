@@ -1,9 +1,10 @@
 """Local training of one client (vmapped over the cohort by the caller), losses and evaluation.
 
 All functions here see ONE client; `engine.clients.map_clients` adds the client axis.
-Local training is a `lax.scan` over a static number of steps. Clients with less data than the
-cohort's widest table run masked steps that leave their state untouched, so every client of a
-chunk follows one program.
+Local training is a `lax.scan` over a static number of steps (`local_scan`). Clients with less
+data than the cohort's widest table run masked steps that leave their state untouched, so every
+client of a chunk follows one program. `local_train` runs an optax step on a loss in that scan;
+a method with its own update rule (pFedMe) passes its step to `local_scan`.
 """
 
 from __future__ import annotations
@@ -204,6 +205,73 @@ class LocalObjective:
         return loss, (new_state, aux)
 
 
+# A local step: step(carry, batch, rng) -> (carry, (loss [], pl_rate [])). `batch` holds x [B, ...],
+# y [B], valid [B], the table row's extras [B, ...] and, with an unlabeled table, ux [U, ...] and
+# uvalid [U]; rng is the step's dropout key. The carry is whatever the method trains.
+LocalStep = Callable[[PyTree, dict, jax.Array], tuple[PyTree, tuple[jax.Array, jax.Array]]]
+
+
+def local_scan(
+    step: LocalStep,
+    carry: PyTree,
+    data_x: jax.Array,
+    data_y: jax.Array,
+    table: RoleTable,
+    schedule: Schedule,
+    key_sample: jax.Array,
+    key_dropout: jax.Array,
+    utable: RoleTable | None = None,
+    unlabeled_batch: int = 0,
+    extras: dict | None = None,
+) -> tuple[PyTree, dict]:
+    """Run `step` over one client's batches: a `lax.scan` of schedule.num_steps(n_max) steps.
+
+    `table` is this client's row of the primary role (idx [n_max], count []); `utable` its row of
+    the unlabeled role, from which each step draws `unlabeled_batch` uniform positions. `extras`
+    are per-position arrays of the table row ([n_max, ...], e.g. soft targets), gathered into each
+    batch under their own names. A step without a valid example leaves `carry` as it was.
+
+    Returns (carry, stats) with stats: loss (mean over active steps), steps (number of active
+    steps), pl_rate (mean over active steps).
+    """
+    n_max = table.idx.shape[0]
+    steps = schedule.num_steps(n_max)
+    pos, valid = batch_positions(key_sample, table.count, n_max, schedule)
+    xs = {"pos": pos, "valid": valid, "step": jnp.arange(steps)}
+    if utable is not None and unlabeled_batch > 0:
+        upos, uvalid = random_positions(
+            jax.random.fold_in(key_sample, 1), utable.count, steps, unlabeled_batch
+        )
+        xs.update(upos=upos, uvalid=uvalid)
+
+    def active_step(carry, s):
+        ids = table.idx[s["pos"]]
+        batch = {"x": data_x[ids], "y": data_y[ids], "valid": s["valid"]}
+        batch.update({k: v[s["pos"]] for k, v in (extras or {}).items()})
+        if "upos" in s:
+            batch.update(ux=data_x[utable.idx[s["upos"]]], uvalid=s["uvalid"])
+        return step(carry, batch, jax.random.fold_in(key_dropout, s["step"]))
+
+    def masked_step(carry, s):
+        # A step with no valid example leaves the client as it was (momentum included). A
+        # client mapped on its own (chunk=1) skips such steps; under vmap both branches run
+        # and the select keeps the old state.
+        active = jnp.any(s["valid"])
+        skip = lambda carry, s: (carry, (jnp.zeros(()), jnp.zeros(())))
+        carry, (loss, pl) = jax.lax.cond(active, active_step, skip, carry, s)
+        return carry, (loss * active, active, pl * active)
+
+    carry, (losses, active, pl_rate) = jax.lax.scan(masked_step, carry, xs)
+    n_active = jnp.sum(active)
+    denom = jnp.maximum(n_active, 1)
+    stats = {
+        "loss": jnp.sum(losses) / denom,
+        "steps": n_active,
+        "pl_rate": jnp.sum(pl_rate) / denom,
+    }
+    return carry, stats
+
+
 def local_train(
     objective: Callable,
     tx: optax.GradientTransformation,
@@ -221,34 +289,19 @@ def local_train(
     pl_on: jax.Array | bool = True,
     extras: dict | None = None,
 ) -> tuple[PyTree, PyTree, dict]:
-    """Train one client. `table` is this client's row of the primary role (idx [n_max], count []).
-
-    `extras` are per-position arrays of the table row ([n_max, ...], e.g. soft targets), gathered
-    into each batch under their own names.
+    """Train one client: a step of `tx` on the gradient of `objective(params, model_state, batch,
+    rng, anchor, pl_on) -> (loss, (model_state, {"pl_rate": []}))` per batch of `local_scan`.
+    `variables` holds params and the model's state; `anchor` (default: the initial params) is
+    FedProx's reference point.
 
     Returns (variables, opt_state, stats) with stats: loss (mean over active steps), steps
     (number of active steps), pl_rate (mean share of confident pseudo-labels).
     """
-    n_max = table.idx.shape[0]
-    steps = schedule.num_steps(n_max)
-    pos, valid = batch_positions(key_sample, table.count, n_max, schedule)
-    xs = {"pos": pos, "valid": valid, "step": jnp.arange(steps)}
-    if utable is not None and unlabeled_batch > 0:
-        upos, uvalid = random_positions(
-            jax.random.fold_in(key_sample, 1), utable.count, steps, unlabeled_batch
-        )
-        xs.update(upos=upos, uvalid=uvalid)
     anchor = variables["params"] if anchor is None else anchor
     model_state = {k: v for k, v in variables.items() if k != "params"}
 
-    def sgd_step(carry, s):
+    def sgd_step(carry, batch, rng):
         params, mstate, opt = carry
-        ids = table.idx[s["pos"]]
-        batch = {"x": data_x[ids], "y": data_y[ids], "valid": s["valid"]}
-        batch.update({k: v[s["pos"]] for k, v in (extras or {}).items()})
-        if "upos" in s:
-            batch.update(ux=data_x[utable.idx[s["upos"]]], uvalid=s["uvalid"])
-        rng = jax.random.fold_in(key_dropout, s["step"])
         (loss, (new_mstate, aux)), grads = jax.value_and_grad(objective, has_aux=True)(
             params, mstate, batch, rng, anchor, pl_on
         )
@@ -256,25 +309,19 @@ def local_train(
         new_params = optax.apply_updates(params, updates)
         return (new_params, new_mstate, new_opt), (loss, aux["pl_rate"])
 
-    def step(carry, s):
-        # A step with no valid example leaves the client as it was (momentum included). A
-        # client mapped on its own (chunk=1) skips such steps; under vmap both branches run
-        # and the select keeps the old state.
-        active = jnp.any(s["valid"])
-        skip = lambda carry, s: (carry, (jnp.zeros(()), jnp.zeros(())))
-        carry, (loss, pl) = jax.lax.cond(active, sgd_step, skip, carry, s)
-        return carry, (loss * active, active, pl * active)
-
-    (params, model_state, opt_state), (losses, active, pl_rate) = jax.lax.scan(
-        step, (variables["params"], model_state, opt_state), xs
+    (params, model_state, opt_state), stats = local_scan(
+        sgd_step,
+        (variables["params"], model_state, opt_state),
+        data_x,
+        data_y,
+        table,
+        schedule,
+        key_sample,
+        key_dropout,
+        utable=utable,
+        unlabeled_batch=unlabeled_batch,
+        extras=extras,
     )
-    n_active = jnp.sum(active)
-    denom = jnp.maximum(n_active, 1)
-    stats = {
-        "loss": jnp.sum(losses) / denom,
-        "steps": n_active,
-        "pl_rate": jnp.sum(pl_rate) / denom,
-    }
     return {"params": params, **model_state}, opt_state, stats
 
 
