@@ -5,11 +5,12 @@ reference backend (a Python loop of per-client jitted calls) on the same code. E
 draw derives from the run's key, passed in as an argument (never held by the method):
 
     plan, inputs, shared = alg.prepare(state, data, key)     # server: select, gather
-    outputs = map over clients: alg.client_update(input_i, shared)   # shared["key"] is `key`
+    outputs = map over clients: alg.client_update(input_i, shared)   # shared.key is `key`
     state, metrics = alg.finish(state, plan, outputs, key)    # server: aggregate, scatter
 
 The plan is what the server keeps between its phases: the cohort, or a flax.struct dataclass of
-the method holding it.
+the method holding it. What goes to the clients is typed too: `inputs` a flax.struct dataclass
+of per-client rows (the method's, or `ClientTable`), `shared` a `RoundShared`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import Any, ClassVar, Protocol
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from fedjax_semi.config import AlgorithmConfig, SystemsConfig
-from fedjax_semi.data.federated import FederatedData, TrainView
+from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import select_cohort
 from fedjax_semi.engine.state import FLState
 from fedjax_semi.errors import bad
@@ -84,6 +86,33 @@ class Capabilities:
         `cfg.cohort_sampler`. int32 [S]."""
         n, s = self.num_clients, self.clients_per_round  # type: ignore[attr-defined]
         return select_cohort(key, rnd, n, s, self.cfg.cohort_sampler)  # type: ignore[attr-defined]
+
+
+@struct.dataclass
+class RoundShared:
+    """prepare -> client_update, the same for every client of a phase.
+
+    models: the server's models the clients read: the global model, or the pool of uploads
+        (leaves [N, ...]) clients download from.
+    x [D, ...], y [D]: the inputs and labels the clients' role tables index.
+    round: the round t (int32 []); key: the run's key (each client folds in its purpose).
+    versions: int32 [N] the round each pooled model was uploaded in, where a method keeps it.
+    """
+
+    models: PyTree
+    x: jax.Array
+    y: jax.Array
+    round: jax.Array
+    key: jax.Array
+    versions: jax.Array | None = None
+
+
+@struct.dataclass
+class ClientTable:
+    """prepare -> client_update, one row per client [S]: its id and the table it trains on."""
+
+    id: jax.Array
+    table: RoleTable
 
 
 @dataclasses.dataclass

@@ -41,6 +41,7 @@ from fedjax_semi.algorithms.base import (
     FLState,
     Mapper,
     Method,
+    RoundShared,
     cohort_metrics,
     register,
 )
@@ -76,6 +77,32 @@ from fedjax_semi.kernels import similarity as sim
 from fedjax_semi.systems import wireless
 
 PyTree = Any
+
+
+@struct.dataclass
+class DoFedWarmupInputs:
+    """warmup -> warmup_client, one row per client [N, ...]: its id, reciprocal model and
+    training table."""
+
+    id: jax.Array
+    rec: PyTree
+    train: RoleTable
+
+
+@struct.dataclass
+class DoFedInputs:
+    """prepare -> client_update, one row per client [N, ...] (everyone trains every round): its
+    reciprocal model, target (student) model, the ids [B] and weights [B] of the models that
+    label its data, and its D_train, D_lab and D_unl tables."""
+
+    id: jax.Array
+    rec: PyTree
+    tar: PyTree
+    ids: jax.Array
+    w: jax.Array
+    train: RoleTable
+    lab: RoleTable
+    unl: RoleTable
 
 
 @struct.dataclass
@@ -170,8 +197,9 @@ class DoFedSPP(Method):
     def warmup(self, state: FLState, data: TrainView, mapper: Mapper, key: jax.Array) -> FLState:
         """Algorithm 2 lines 1-12: L rounds of reciprocal training, all N upload, first SRs."""
         n, ex, roles = self.num_clients, state.extra, data_roles(data.roles)
-        inputs = {"id": jnp.arange(n), "rec": ex["rec"], "train": data.roles[roles.train]}
-        rec = mapper(self.warmup_client, inputs, {"x": data.x, "y": data.y, "key": key})
+        inputs = DoFedWarmupInputs(jnp.arange(n), ex["rec"], data.roles[roles.train])
+        shared = RoundShared(ex["rec"], data.x, data.y, jnp.int32(0), key)
+        rec = mapper(self.warmup_client, inputs, shared)
         everyone = jnp.ones((n,), bool)
         cache, cache_round = sim.upload_to_cache(ex["cache"], rec, everyone, ex["cache_round"], 0)
         # Scored: the fresh uploads; target: the untrained T0; distance reference: R0.
@@ -197,13 +225,13 @@ class DoFedSPP(Method):
             sim_time=wireless.advance_clock(state.sim_time, t_comp, t_up), extra=extra
         )
 
-    def warmup_client(self, inp: dict, shared: dict) -> PyTree:
+    def warmup_client(self, inp: DoFedWarmupInputs, shared: RoundShared) -> PyTree:
         """L rounds of local reciprocal training of one client: R0 -> R^L (no communication).
 
         inp: id [], rec (one model), train (RoleTable row [Dtr]); shared: x, y (visible labels),
         key.
         """
-        cid = inp["id"]
+        cid = inp.id
 
         def one_round(variables, r):
             variables, _, stats = local_train(
@@ -211,16 +239,16 @@ class DoFedSPP(Method):
                 self.tx_rec,
                 variables,
                 self.tx_rec.init(variables["params"]),
-                shared["x"],
-                shared["y"],
-                inp["train"],
+                shared.x,
+                shared.y,
+                inp.train,
                 self.schedule_rec,
-                client_key(shared["key"], WARM_SAMPLE, r, cid),
-                client_key(shared["key"], WARM_DROPOUT, r, cid),
+                client_key(shared.key, WARM_SAMPLE, r, cid),
+                client_key(shared.key, WARM_DROPOUT, r, cid),
             )
             return variables, stats["loss"]
 
-        rec, _ = jax.lax.scan(one_round, inp["rec"], jnp.arange(self.cfg.warmup_rounds))
+        rec, _ = jax.lax.scan(one_round, inp.rec, jnp.arange(self.cfg.warmup_rounds))
         return rec
 
     # ------------------------------------------------------------------ Phase 1 (server)
@@ -278,18 +306,18 @@ class DoFedSPP(Method):
             ex["sr"], sel.x, renormalize=self.cfg.label_renormalize
         )
         ids, w, _ = sim.selected_slots(sel.x, weights, self.slots)
-        inputs = {
-            "id": jnp.arange(n),
-            "rec": ex["rec"],
-            "tar": state.client_vars,
-            "ids": ids,
-            "w": w,
-            "train": train,
-            "lab": lab,
-            "unl": unl,
-        }
+        inputs = DoFedInputs(
+            id=jnp.arange(n),
+            rec=ex["rec"],
+            tar=state.client_vars,
+            ids=ids,
+            w=w,
+            train=train,
+            lab=lab,
+            unl=unl,
+        )
         shown = self.broadcast(cache)
-        shared = {"cache": shown, "x": data.x, "y": data.y, "round": t, "key": key}
+        shared = RoundShared(shown, data.x, data.y, t, key)
         # The server's round plan, handed to `finish` (in place of a cohort: everyone takes part).
         plan = DoFedPlan(
             cohort=jnp.arange(n),
@@ -312,7 +340,7 @@ class DoFedSPP(Method):
 
     # ------------------------------------------------------------------ Phases 2-4 (one client)
 
-    def client_update(self, inp: dict, shared: dict) -> dict:
+    def client_update(self, inp: DoFedInputs, shared: RoundShared) -> dict:
         """Phases 2, 3 and the reciprocal half of 4 for one client.
 
         inp: id [], rec and tar (one model each), ids [S] int32 and w [S] (labeling models and
@@ -321,15 +349,15 @@ class DoFedSPP(Method):
         Returns tar, rec, the student's loss and steps, rec_loss, and pl_index / pl_label [Du]
         (-1 on padding) for the host-side labeling accuracy.
         """
-        cid, t, x, y = inp["id"], shared["round"], shared["x"], shared["y"]
-        train, lab, unl = inp["train"], inp["lab"], inp["unl"]
+        cid, t, x, y = inp.id, shared.round, shared.x, shared.y
+        train, lab, unl = inp.train, inp.lab, inp.unl
         unl_mask = jnp.arange(unl.idx.shape[0]) < unl.count
         lab_mask = jnp.arange(lab.idx.shape[0]) < lab.count
 
         # Phase 2 (Eq. 20): hard labels from the SR-weighted soft vote of the downloaded models.
-        models = gather(shared["cache"], inp["ids"])  # [S] models
+        models = gather(shared.models, inp.ids)  # [S] models
         logits = jax.vmap(lambda v: self.model.apply(v, x[unl.idx])[0])(models)  # [S, Du, Q]
-        y_pl, _ = sim.pseudo_labels(logits[None], inp["w"][None], from_logits=True)
+        y_pl, _ = sim.pseudo_labels(logits[None], inp.w[None], from_logits=True)
         y_pl = y_pl[0]  # [Du]
 
         # Phase 3 (Eqs. 21-22): the student continues from T_n on D^p = D_unl + D_lab, rebuilt
@@ -342,14 +370,14 @@ class DoFedSPP(Method):
         tar, _, st_tar = local_train(
             self.objective,
             self.tx_tar,
-            inp["tar"],
-            self.tx_tar.init(inp["tar"]["params"]),
+            inp.tar,
+            self.tx_tar.init(inp.tar["params"]),
             x,
             y,
             RoleTable(idx, unl.count + lab.count),
             self.schedule_tar,
-            client_key(shared["key"], TAR_SAMPLE, t, cid),
-            client_key(shared["key"], TAR_DROPOUT, t, cid),
+            client_key(shared.key, TAR_SAMPLE, t, cid),
+            client_key(shared.key, TAR_DROPOUT, t, cid),
             extras={"y": labels[0][order]},  # replaces the batch labels: pseudo + true
         )
 
@@ -357,14 +385,14 @@ class DoFedSPP(Method):
         rec, _, st_rec = local_train(
             self.objective,
             self.tx_rec,
-            inp["rec"],
-            self.tx_rec.init(inp["rec"]["params"]),
+            inp.rec,
+            self.tx_rec.init(inp.rec["params"]),
             x,
             y,
             train,
             self.schedule_rec,
-            client_key(shared["key"], REC_SAMPLE, t, cid),
-            client_key(shared["key"], REC_DROPOUT, t, cid),
+            client_key(shared.key, REC_SAMPLE, t, cid),
+            client_key(shared.key, REC_DROPOUT, t, cid),
         )
         return {
             "tar": tar,

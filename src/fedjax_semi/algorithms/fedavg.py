@@ -25,7 +25,7 @@ D_unl as `pl_index` / `pl_label`, which the engine scores into `pl_acc`.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -36,12 +36,13 @@ from fedjax_semi.algorithms.base import (
     FLState,
     Mapper,
     Method,
+    RoundShared,
     client_accuracy,
     cohort_metrics,
     register,
 )
 from fedjax_semi.config import AlgorithmConfig
-from fedjax_semi.data.federated import FederatedData, TrainView
+from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine import aggregate
 from fedjax_semi.engine.aggregate import SHARE_PRESETS
 from fedjax_semi.engine.clients import broadcast, gather, scatter
@@ -56,6 +57,8 @@ from fedjax_semi.engine.train import (
 )
 from fedjax_semi.errors import bad
 from fedjax_semi.systems import wireless
+
+PyTree = Any
 
 WEIGHTINGS = ("num_samples", "uniform")
 
@@ -98,6 +101,18 @@ class FedAvgConfig(AlgorithmConfig):
             raise bad(
                 "algorithm.unlabeled_batch_ratio", self.unlabeled_batch_ratio, "an integer >= 1"
             )
+
+
+@struct.dataclass
+class FedAvgInputs:
+    """prepare -> client_update, one row per cohort client [S, ...]: its id, its training table,
+    its personal leaves and optimizer state, and its unlabeled table (pseudo-labels only)."""
+
+    id: jax.Array
+    table: RoleTable
+    personal: PyTree
+    opt: PyTree
+    utable: RoleTable | None = None
 
 
 @struct.dataclass
@@ -175,50 +190,43 @@ class FedAvgFamily(Method):
             table = dofed.training_table(data.roles, self.cfg.baseline_train_data)
         else:
             table = data.roles[self.primary]
-        inputs = {
-            "id": cohort,
-            "table": table.take(cohort),
-            "personal": gather(state.client_vars, cohort),
-            "opt": gather(state.client_opt, cohort),
-        }
-        if self.pseudo_labels:
-            inputs["utable"] = data.roles["unlabeled"].take(cohort)
-        shared = {
-            "global": state.global_vars,
-            "x": data.x,
-            "y": data.y,
-            "round": state.round,
-            "key": key,
-        }
+        inputs = FedAvgInputs(
+            id=cohort,
+            table=table.take(cohort),
+            personal=gather(state.client_vars, cohort),
+            opt=gather(state.client_opt, cohort),
+            utable=data.roles["unlabeled"].take(cohort) if self.pseudo_labels else None,
+        )
+        shared = RoundShared(state.global_vars, data.x, data.y, state.round, key)
         if target:  # what the clock and the labels need in `finish`
             unl = data.roles[dofed.data_roles(data.roles).unl]
             target = dofed.TargetPlan(cohort, table.count[cohort], unl, data.x)
             return FedAvgPlan(cohort, target), inputs, shared
         return FedAvgPlan(cohort), inputs, shared
 
-    def client_update(self, inp, shared):
-        c, rnd, cid = self.cfg, shared["round"], inp["id"]
-        variables = shared["global"]
+    def client_update(self, inp: FedAvgInputs, shared: RoundShared) -> dict:
+        c, rnd, cid = self.cfg, shared.round, inp.id
+        variables = shared.models
         if self.personal:
-            variables = aggregate.merge(variables, inp["personal"], self.mask)
-        opt = inp["opt"] if c.persist_optimizer else self.tx.init(variables["params"])
+            variables = aggregate.merge(variables, inp.personal, self.mask)
+        opt = inp.opt if c.persist_optimizer else self.tx.init(variables["params"])
         new_vars, new_opt, stats = local_train(
             self.objective,
             self.tx,
             variables,
             opt,
-            shared["x"],
-            shared["y"],
-            inp["table"],
+            shared.x,
+            shared.y,
+            inp.table,
             self.schedule,
-            client_key(shared["key"], SAMPLE, rnd, cid),
-            client_key(shared["key"], DROPOUT, rnd, cid),
-            anchor=shared["global"]["params"],
-            utable=inp.get("utable"),
+            client_key(shared.key, SAMPLE, rnd, cid),
+            client_key(shared.key, DROPOUT, rnd, cid),
+            anchor=shared.models["params"],
+            utable=inp.utable,
             unlabeled_batch=self.unlabeled_batch,
             pl_on=rnd >= c.pl_warmup_rounds,
         )
-        count = inp["table"].count
+        count = inp.table.count
         weight = count if c.weighting == "num_samples" else (count > 0)
         return {
             "vars": new_vars,

@@ -35,9 +35,11 @@ import numpy as np
 
 from fedjax_semi.algorithms import dofed_baselines as common
 from fedjax_semi.algorithms.base import (
+    ClientTable,
     FLState,
     Mapper,
     Method,
+    RoundShared,
     cohort_metrics,
     register,
 )
@@ -311,39 +313,33 @@ class FedBE(Method):
 
     def prepare(
         self, state: FLState, data: TrainView, key: jax.Array
-    ) -> tuple[common.TargetPlan, dict, dict]:
+    ) -> tuple[common.TargetPlan, ClientTable, RoundShared]:
         cohort = self.sample_cohort(key, state.round)
         train = common.training_table(data.roles, self.cfg.baseline_train_data)
-        inputs = {"id": cohort, "table": train.take(cohort)}
-        shared = {
-            "global": state.global_vars,
-            "x": data.x,
-            "y": data.y,
-            "round": state.round + 1,
-            "key": key,
-        }
+        inputs = ClientTable(cohort, train.take(cohort))
+        shared = RoundShared(state.global_vars, data.x, data.y, state.round + 1, key)
         unl = data.roles[data_roles(data.roles).unl]
         return common.TargetPlan(cohort, train.count[cohort], unl, data.x), inputs, shared
 
-    def client_update(self, inp: dict, shared: dict) -> dict:
+    def client_update(self, inp: ClientTable, shared: RoundShared) -> dict:
         """Local SGD from the global model on D_train + D_lab (inp: id [], table row)."""
-        cid, t = inp["id"], shared["round"]
-        w = shared["global"]
+        cid, t = inp.id, shared.round
+        w = shared.models
         new, _, stats = local_train(
             self.objective,
             self.tx,
             w,
             self.tx.init(w["params"]),
-            shared["x"],
-            shared["y"],
-            inp["table"],
+            shared.x,
+            shared.y,
+            inp.table,
             self.schedule,
-            client_key(shared["key"], SAMPLE, t, cid),
-            client_key(shared["key"], DROPOUT, t, cid),
+            client_key(shared.key, SAMPLE, t, cid),
+            client_key(shared.key, DROPOUT, t, cid),
         )
         return {
             "vars": new,
-            "weight": inp["table"].count.astype(jnp.float32),
+            "weight": inp.table.count.astype(jnp.float32),
             "loss": stats["loss"],
             "steps": stats["steps"],
         }

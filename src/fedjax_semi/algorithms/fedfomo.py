@@ -39,6 +39,7 @@ from fedjax_semi.algorithms.base import (
     FLState,
     Mapper,
     Method,
+    RoundShared,
     cohort_metrics,
     register,
 )
@@ -116,6 +117,20 @@ def epsilon_at(t: jax.Array, epsilon: float, decay: float) -> jax.Array:
 
 
 @struct.dataclass
+class FomoInputs:
+    """prepare -> client_update, one row per cohort client [S, ...]: its id and model, the ids
+    [M] of the models it downloads and which of them are stored [M], its training table and
+    its labeled target table D_lab."""
+
+    id: jax.Array
+    own: PyTree
+    ids: jax.Array
+    valid: jax.Array
+    train: RoleTable
+    lab: RoleTable
+
+
+@struct.dataclass
 class FomoPlan:
     """prepare -> finish: the clock's and labels' inputs, and each participant's downloads.
 
@@ -185,15 +200,15 @@ class FedFomo(Method):
         roles = data_roles(data.roles)
         train = common.training_table(data.roles, c.baseline_train_data)
         lab = data.roles[roles.lab]
-        inputs = {
-            "id": cohort,
-            "own": gather(state.client_vars, cohort),
-            "ids": ids,
-            "valid": valid,
-            "train": train.take(cohort),
-            "lab": lab.take(cohort),
-        }
-        shared = {"store": state.client_vars, "x": data.x, "y": data.y, "round": t, "key": key}
+        inputs = FomoInputs(
+            id=cohort,
+            own=gather(state.client_vars, cohort),
+            ids=ids,
+            valid=valid,
+            train=train.take(cohort),
+            lab=lab.take(cohort),
+        )
+        shared = RoundShared(state.client_vars, data.x, data.y, t, key)
         plan = FomoPlan(
             target=common.TargetPlan(cohort, train.count[cohort], data.roles[roles.unl], data.x),
             ids=ids,
@@ -210,7 +225,7 @@ class FedFomo(Method):
         r = evaluate_row(self.model, variables, x, y, table)
         return r["loss"] / jnp.maximum(r["count"], 1)
 
-    def client_update(self, inp: dict, shared: dict) -> dict:
+    def client_update(self, inp: FomoInputs, shared: RoundShared) -> dict:
         """First-order weights on D_lab, the personalized update, local training.
 
         inp: id [], own (one model), ids [M] int32, valid [M] bool, train [Dtr + Dl] and
@@ -218,16 +233,16 @@ class FedFomo(Method):
         Returns the new model, the raw weights [M] (for the affinity), the normalized ones [M],
         whether every weight was 0, the losses and steps.
         """
-        cid, t, x, y = inp["id"], shared["round"], shared["x"], shared["y"]
-        own = inp["own"]
-        models = gather(shared["store"], inp["ids"])  # [M] downloaded models
+        cid, t, x, y = inp.id, shared.round, shared.x, shared.y
+        own = inp.own
+        models = gather(shared.models, inp.ids)  # [M] downloaded models
 
-        loss_own = self.mean_loss(own, x, y, inp["lab"])  # l_n(theta_n^prev)
-        loss_m = jax.vmap(lambda v: self.mean_loss(v, x, y, inp["lab"]))(models)  # [M]
+        loss_own = self.mean_loss(own, x, y, inp.lab)  # l_n(theta_n^prev)
+        loss_m = jax.vmap(lambda v: self.mean_loss(v, x, y, inp.lab))(models)  # [M]
         flat_own = ravel_pytree(own["params"])[0].astype(jnp.float32)
         dist = sim.pairwise_distances(sim.flatten_clients(models["params"]), flat_own[None])
         args = (loss_m[None], loss_own[None], dist)  # one consumer row: [1, M], [1], [1, M]
-        w, degenerate = fw.fedfomo_weights(*args, inp["valid"][None], eps=self.cfg.sr_eps)
+        w, degenerate = fw.fedfomo_weights(*args, inp.valid[None], eps=self.cfg.sr_eps)
         raw = fw.fedfomo_raw_weights(*args, eps=self.cfg.sr_eps)
 
         mixed = fomo_update(own, models, w[0])
@@ -238,10 +253,10 @@ class FedFomo(Method):
             self.tx.init(mixed["params"]),
             x,
             y,
-            inp["train"],
+            inp.train,
             self.schedule,
-            client_key(shared["key"], SAMPLE, t, cid),
-            client_key(shared["key"], DROPOUT, t, cid),
+            client_key(shared.key, SAMPLE, t, cid),
+            client_key(shared.key, DROPOUT, t, cid),
         )
         return {
             "vars": new,

@@ -19,8 +19,14 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from fedjax_semi.algorithms.base import FLState, cohort_metrics, register
-from fedjax_semi.algorithms.fedavg import FedAvgConfig, FedAvgFamily, FedAvgPlan, _check
+from fedjax_semi.algorithms.base import FLState, RoundShared, cohort_metrics, register
+from fedjax_semi.algorithms.fedavg import (
+    FedAvgConfig,
+    FedAvgFamily,
+    FedAvgInputs,
+    FedAvgPlan,
+    _check,
+)
 from fedjax_semi.engine import aggregate
 from fedjax_semi.engine.clients import scatter
 from fedjax_semi.engine.keys import DROPOUT, SAMPLE, client_key
@@ -71,27 +77,27 @@ class PFedMe(FedAvgFamily):
             fixmatch=True,
         )
 
-    def client_update(self, inp: dict, shared: dict) -> dict:
+    def client_update(self, inp: FedAvgInputs, shared: RoundShared) -> dict:
         """One client's local rounds of pFedMe (Dinh et al. 2020, Algorithm 1): from the received
         global model w, `local_step` on each batch of the shared masked scan. Returns the local
         model w_k (sent to the server) and the personalized model theta_k (kept by the client)."""
-        c, rnd, cid = self.cfg, shared["round"], inp["id"]
-        w = shared["global"]
+        c, rnd, cid = self.cfg, shared.round, inp.id
+        w = shared.models
         model_state = {k: v for k, v in w.items() if k != "params"}
         # w_{k,0} = w; theta_k starts from the received model each round (pFedMe's reference code).
         (w_k, theta_k, model_state), stats = local_scan(
             self.local_step,
             (w["params"], w["params"], model_state),
-            shared["x"],
-            shared["y"],
-            inp["table"],
+            shared.x,
+            shared.y,
+            inp.table,
             self.schedule,
-            client_key(shared["key"], SAMPLE, rnd, cid),
-            client_key(shared["key"], DROPOUT, rnd, cid),
-            utable=inp["utable"],
+            client_key(shared.key, SAMPLE, rnd, cid),
+            client_key(shared.key, DROPOUT, rnd, cid),
+            utable=inp.utable,
             unlabeled_batch=self.unlabeled_batch,
         )
-        count = inp["table"].count
+        count = inp.table.count
         return {
             "vars": {"params": w_k, **model_state},
             "theta": {"params": theta_k, **model_state},

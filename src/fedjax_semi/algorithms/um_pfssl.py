@@ -21,13 +21,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
-from fedjax_semi.algorithms.base import FLState, cohort_metrics, register
-from fedjax_semi.algorithms.fedavg import FedAvgConfig, FedAvgFamily, _check
+from fedjax_semi.algorithms.base import (
+    ClientTable,
+    FLState,
+    RoundShared,
+    cohort_metrics,
+    register,
+)
+from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check
+from fedjax_semi.algorithms.um_pfssl_config import UMPFSSLConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import broadcast, gather, map_within_client, scatter
 from fedjax_semi.engine.keys import (
@@ -44,7 +52,7 @@ from fedjax_semi.engine.keys import (
     client_key,
 )
 from fedjax_semi.engine.train import Schedule, kl_divergence, local_train, masked_mean
-from fedjax_semi.errors import bad, check_choice
+from fedjax_semi.errors import bad
 from fedjax_semi.kernels.selection import lowest_mask, merge_best, sample_excluding
 from fedjax_semi.kernels.uncertainty import (
     aggregation_weights,
@@ -68,69 +76,24 @@ def _stack(head, tail):
     return jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), head, tail)
 
 
-CHOICES = {
-    "corr_form": ("inverse", "complement"),
-    "pseudo_label": ("soft", "hard"),
-    "self_pl_model": ("pre_aggregation", "post_aggregation"),
-    "helper_cache": ("exact", "fresh"),
-    "entropy_reduction": ("mean", "sum"),
-    "acc_mode": ("mc_mean", "deterministic"),
-    "loss_schedule": ("joint", "alternating"),
-    "search_schedule": ("global_rounds", "per_client_participations"),
-}
+PyTree = Any
 
 
-@dataclasses.dataclass
-class UMPFSSLConfig(FedAvgConfig):
-    """UM-pFSSL's knobs (the paper's Sec. 3 and Algorithms 1-2; choices the paper leaves open are
-    knobs, docs/choices.md). Local training reuses the FedAvg family's knobs."""
+@struct.dataclass
+class UMInputs:
+    """prepare -> client_round, one row per cohort client [S, ...]: its id, labeled and unlabeled
+    tables, own model, helper list (ids [M], valid [M]), its cached helper copies [M-1, ...]
+    with their versions [M-1], and how often it has participated."""
 
-    name: str = "um_pfssl"
-    helper_list_size: int = 5  # M, self included
-    num_replace: int = 2  # R
-    search_rounds: int = 20  # F: helper search in rounds t <= F
-    refresh_period: int = 10  # nu: refresh kept helpers when t % nu == 0
-    mc_samples: int = 10  # T_mc
-    corr_form: str = "inverse"  # inverse (Eq. 13 literal) | complement
-    pseudo_label: str = "soft"  # soft | hard
-    self_pl_model: str = "pre_aggregation"  # pre_aggregation | post_aggregation
-    refresh_lowest_r: bool = False  # literal Alg. 2: the R lowest slots are not refreshed
-    helper_cache: str = "exact"  # exact (stale local copies) | fresh (always the latest upload)
-    warmup_epochs: int = 5  # E_warm: labeled-only local epochs of every client before round 1
-    entropy_reduction: str = "mean"  # mean (H in [0, 1], A10) | sum (Eq. 12 literally)
-    entropy_eps: float = 1e-6  # floor of H in Corr's reciprocal term
-    acc_mode: str = "mc_mean"  # Acc(k|j) from the MC mean | deterministic (dropout off), A12
-    loss_schedule: str = "joint"  # joint (mu-weighted mixed batches) | alternating (Alg. 1 l.19-20)
-    search_schedule: str = "global_rounds"  # t <= F | per_client_participations (first F), A43
-
-    pl_threshold_nullable: ClassVar[bool] = True  # null keeps every pseudo-label
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_choice("algorithm.corr_form", self.corr_form, CHOICES["corr_form"])
-        check_choice("algorithm.pseudo_label", self.pseudo_label, CHOICES["pseudo_label"])
-        check_choice("algorithm.self_pl_model", self.self_pl_model, CHOICES["self_pl_model"])
-        check_choice("algorithm.helper_cache", self.helper_cache, CHOICES["helper_cache"])
-        check_choice(
-            "algorithm.entropy_reduction", self.entropy_reduction, CHOICES["entropy_reduction"]
-        )
-        check_choice("algorithm.acc_mode", self.acc_mode, CHOICES["acc_mode"])
-        check_choice("algorithm.loss_schedule", self.loss_schedule, CHOICES["loss_schedule"])
-        check_choice("algorithm.search_schedule", self.search_schedule, CHOICES["search_schedule"])
-        if self.refresh_period < 1 or self.mc_samples < 1 or self.search_rounds < 0:
-            raise bad(
-                "algorithm.refresh_period",
-                self.refresh_period,
-                "refresh_period >= 1, mc_samples >= 1 and search_rounds >= 0",
-            )
-        if not self.entropy_eps > 0:
-            raise bad("algorithm.entropy_eps", self.entropy_eps, "a float > 0")
-        if self.loss_schedule == "alternating" and self.local_epochs < 1:
-            raise bad(
-                "algorithm.loss_schedule",
-                "alternating",
-                "'joint' when training by steps (epochs 0)",
-            )
+    id: jax.Array
+    lab: RoleTable
+    unl: RoleTable
+    own: PyTree
+    hidx: jax.Array
+    hval: jax.Array
+    cache: PyTree
+    cver: jax.Array
+    part: jax.Array
 
 
 @dataclasses.dataclass
@@ -165,26 +128,27 @@ class UMPFSSL(FedAvgFamily):
 
     def warmup(self, state: FLState, data: TrainView, mapper, key: jax.Array) -> FLState:
         """Alg. 1 l.3-4: every client trains on its labeled data only, then uploads."""
-        inputs = {"id": jnp.arange(self.num_clients), "table": data.roles["labeled"]}
-        shared = {"pool": state.client_vars, "x": data.x, "y": data.y, "key": key}
+        ids, ex = jnp.arange(self.num_clients), state.extra
+        inputs = ClientTable(ids, data.roles["labeled"])
+        shared = RoundShared(state.client_vars, data.x, data.y, jnp.int32(0), key, ex["pool_ver"])
         pool = mapper(self.warmup_client, inputs, shared)
         comm = dict(state.extra["comm"], warmup_uploads=jnp.int32(self.num_clients))
         return state.replace(client_vars=pool, extra=dict(state.extra, comm=comm))
 
-    def warmup_client(self, inp, shared):
-        k = inp["id"]
-        variables = jax.tree.map(lambda a: a[k], shared["pool"])
+    def warmup_client(self, inp: ClientTable, shared: RoundShared) -> PyTree:
+        k = inp.id
+        variables = jax.tree.map(lambda a: a[k], shared.models)
         new, _, _ = local_train(
             self.objective,
             self.tx,
             variables,
             self.tx.init(variables["params"]),
-            shared["x"],
-            shared["y"],
-            inp["table"],
+            shared.x,
+            shared.y,
+            inp.table,
             Schedule(self.cfg.batch_size, self.cfg.warmup_epochs, 0),
-            client_key(shared["key"], WARMUP, 0, k),
-            client_key(shared["key"], DROPOUT, 0, k),
+            client_key(shared.key, WARMUP, 0, k),
+            client_key(shared.key, DROPOUT, 0, k),
         )
         return new
 
@@ -205,43 +169,38 @@ class UMPFSSL(FedAvgFamily):
             )
         return self._updates[flags]
 
-    def client_update(self, inp, shared):
+    def client_update(self, inp: UMInputs, shared: RoundShared) -> dict:
         return self.client_update_for((False, False))(inp, shared)
 
     def prepare(self, state: FLState, data: TrainView, key: jax.Array):
         cohort = self.sample_cohort(key, state.round)
         ex = state.extra
-        inputs = {
-            "id": cohort,
-            "lab": data.roles["labeled"].take(cohort),
-            "unl": data.roles["unlabeled"].take(cohort),
-            "own": gather(state.client_vars, cohort),
-            "hidx": ex["helper_idx"][cohort],
-            "hval": ex["helper_valid"][cohort],
-            "cache": gather(ex["cache"], cohort),
-            "cver": ex["cache_ver"][cohort],
-            "part": ex["participations"][cohort],
-        }
-        shared = {
-            "pool": state.client_vars,
-            "pool_ver": ex["pool_ver"],
-            "x": data.x,
-            "y": data.y,
-            "round": state.round + 1,
-            "key": key,
-        }
+        inputs = UMInputs(
+            id=cohort,
+            lab=data.roles["labeled"].take(cohort),
+            unl=data.roles["unlabeled"].take(cohort),
+            own=gather(state.client_vars, cohort),
+            hidx=ex["helper_idx"][cohort],
+            hval=ex["helper_valid"][cohort],
+            cache=gather(ex["cache"], cohort),
+            cver=ex["cache_ver"][cohort],
+            part=ex["participations"][cohort],
+        )
+        shared = RoundShared(
+            state.client_vars, data.x, data.y, state.round + 1, key, ex["pool_ver"]
+        )
         return cohort, inputs, shared
 
     def helper_stats(self, models, ids, purpose, inp, shared, mu):
         """pair_stats of G models [G, P] (ids [G]) on this client's data, vmapped over G."""
-        c, k, t = self.cfg, inp["id"], shared["round"]
-        base = client_key(shared["key"], purpose, t, k)
+        c, k, t = self.cfg, inp.id, shared.round
+        base = client_key(shared.key, purpose, t, k)
         keys = jax.vmap(lambda j: jax.random.fold_in(base, j))(ids)
-        lab, unl = inp["lab"], inp["unl"]
+        lab, unl = inp.lab, inp.unl
 
         def one(v, key):
             return pair_stats(
-                self.model, v, shared["x"], shared["y"], unl.idx, unl.count, lab.idx, lab.count,
+                self.model, v, shared.x, shared.y, unl.idx, unl.count, lab.idx, lab.count,
                 mu, key, c.mc_samples, c.corr_form, c.entropy_reduction, c.entropy_eps, c.acc_mode,
             )  # fmt: skip
 
@@ -251,12 +210,12 @@ class UMPFSSL(FedAvgFamily):
         """Alg. 2 REPLACEHELPER: keep the best R of the R worst incumbents and R random
         candidates. lists = (hidx [M], cache [M-1, P], cver [M-1]) -> (..., corr [M])."""
         hidx, cache, cver = lists
-        k, t, R, pool = inp["id"], shared["round"], self.R, shared["pool"]
-        own = inp["own"]
+        k, t, R, pool = inp.id, shared.round, self.R, shared.models
+        own = inp.own
         inc = self.helper_stats(_stack(own, cache), hidx, MC_REPLACE, inp, shared, mu)["corr"]
         worst = jnp.argsort(inc[1:], stable=True)[:R]  # slots 1..M-1 -> positions in tail
         taken = jnp.zeros(self.num_clients, bool).at[hidx].set(True)
-        cand = sample_excluding(client_key(shared["key"], CANDIDATE, t, k), taken[None], R)[0]
+        cand = sample_excluding(client_key(shared.key, CANDIDATE, t, k), taken[None], R)[0]
         cand_models = gather(pool, cand)
         cand_corr = self.helper_stats(cand_models, cand, MC_CANDIDATE, inp, shared, mu)["corr"]
         ids, best, pos = merge_best(
@@ -266,22 +225,22 @@ class UMPFSSL(FedAvgFamily):
         pick = lambda a, b: jnp.concatenate([a, b])[pos]
         survivors = jax.tree.map(pick, gather(cache, worst), cand_models)
         cache = jax.tree.map(lambda a, s: a.at[worst].set(s), cache, survivors)
-        cver = cver.at[worst].set(pick(cver[worst], shared["pool_ver"][cand]))
+        cver = cver.at[worst].set(pick(cver[worst], shared.versions[cand]))
         return hidx.at[1 + worst].set(ids), cache, cver, inc.at[1 + worst].set(best)
 
-    def client_round(self, inp, shared, *, replace: bool, refresh: bool):
+    def client_round(self, inp: UMInputs, shared: RoundShared, *, replace: bool, refresh: bool):
         c, M, R = self.cfg, self.M, self.R
-        k, t = inp["id"], shared["round"]
-        pool, pool_ver = shared["pool"], shared["pool_ver"]
-        lab, unl = inp["lab"], inp["unl"]
+        k, t = inp.id, shared.round
+        pool, pool_ver = shared.models, shared.versions
+        lab, unl = inp.lab, inp.unl
         n_s, n_u = lab.count, unl.count
         mu = n_s / jnp.maximum(n_s + n_u, 1)
-        own, hidx, hval, cache, cver = (inp[n] for n in ("own", "hidx", "hval", "cache", "cver"))
+        own, hidx, hval, cache, cver = inp.own, inp.hidx, inp.hval, inp.cache, inp.cver
 
         # a. FILL: the first participation draws M-1 distinct helpers other than k.
         missing = ~hval[1:]
         taken = jnp.zeros(self.num_clients, bool).at[jnp.where(hval, hidx, k)].set(True)
-        drawn = sample_excluding(client_key(shared["key"], FILL, t, k), taken[None], M - 1)[0]
+        drawn = sample_excluding(client_key(shared.key, FILL, t, k), taken[None], M - 1)[0]
         tail = jnp.where(missing, drawn, hidx[1:])
         cache = _where(missing, gather(pool, tail), cache)
         cver = jnp.where(missing, pool_ver[tail], cver)
@@ -298,7 +257,7 @@ class UMPFSSL(FedAvgFamily):
             if c.search_schedule == "global_rounds":
                 hidx, cache, cver, corr = search((hidx, cache, cver))
             else:
-                searching = inp["part"] < c.search_rounds
+                searching = inp.part < c.search_rounds
                 keep = lambda args: (*args, jnp.zeros(M, jnp.float32))
                 hidx, cache, cver, corr = jax.lax.cond(searching, search, keep, (hidx, cache, cver))
         n_replace = jnp.where(searching, R, 0).astype(jnp.int32)
@@ -386,14 +345,14 @@ class UMPFSSL(FedAvgFamily):
         per-sample weights mu (labeled, one-hot target) and 1 - mu (unlabeled, y_hat).
         alternating: each epoch is a CE pass over D_k^s, then a KL pass over D_k^u, unweighted.
         """
-        c, k, t = self.cfg, inp["id"], shared["round"]
-        lab, unl = inp["lab"], inp["unl"]
+        c, k, t = self.cfg, inp.id, shared.round
+        lab, unl = inp.lab, inp.unl
         n_s, n_u = lab.count, unl.count
-        one_hot = lambda idx: jax.nn.one_hot(shared["y"][idx], y_hat.shape[-1])
-        key_s = client_key(shared["key"], SAMPLE, t, k)
-        key_d = client_key(shared["key"], DROPOUT, t, k)
+        one_hot = lambda idx: jax.nn.one_hot(shared.y[idx], y_hat.shape[-1])
+        key_s = client_key(shared.key, SAMPLE, t, k)
+        key_d = client_key(shared.key, DROPOUT, t, k)
         train = functools.partial(
-            local_train, self.um_objective, self.tx, data_x=shared["x"], data_y=shared["y"]
+            local_train, self.um_objective, self.tx, data_x=shared.x, data_y=shared.y
         )
         if c.loss_schedule == "joint":
             ns_max, nu_max = lab.idx.shape[0], unl.idx.shape[0]

@@ -1,0 +1,74 @@
+"""UM-pFSSL's config: the knobs of the paper's Sec. 3 and Algorithms 1-2, and the choices it
+leaves open (docs/choices.md, UM-pFSSL). Beside `um_pfssl.py`, which reads it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from fedjax_semi.algorithms.fedavg import FedAvgConfig
+from fedjax_semi.errors import bad, check_choice
+
+CHOICES = {
+    "corr_form": ("inverse", "complement"),
+    "pseudo_label": ("soft", "hard"),
+    "self_pl_model": ("pre_aggregation", "post_aggregation"),
+    "helper_cache": ("exact", "fresh"),
+    "entropy_reduction": ("mean", "sum"),
+    "acc_mode": ("mc_mean", "deterministic"),
+    "loss_schedule": ("joint", "alternating"),
+    "search_schedule": ("global_rounds", "per_client_participations"),
+}
+
+
+@dataclasses.dataclass
+class UMPFSSLConfig(FedAvgConfig):
+    """UM-pFSSL's knobs (the paper's Sec. 3 and Algorithms 1-2; choices the paper leaves open are
+    knobs, docs/choices.md). Local training reuses the FedAvg family's knobs."""
+
+    name: str = "um_pfssl"
+    helper_list_size: int = 5  # M, self included
+    num_replace: int = 2  # R
+    search_rounds: int = 20  # F: helper search in rounds t <= F
+    refresh_period: int = 10  # nu: refresh kept helpers when t % nu == 0
+    mc_samples: int = 10  # T_mc
+    corr_form: str = "inverse"  # inverse (Eq. 13 literal) | complement
+    pseudo_label: str = "soft"  # soft | hard
+    self_pl_model: str = "pre_aggregation"  # pre_aggregation | post_aggregation
+    refresh_lowest_r: bool = False  # literal Alg. 2: the R lowest slots are not refreshed
+    helper_cache: str = "exact"  # exact (stale local copies) | fresh (always the latest upload)
+    warmup_epochs: int = 5  # E_warm: labeled-only local epochs of every client before round 1
+    entropy_reduction: str = "mean"  # mean (H in [0, 1], A10) | sum (Eq. 12 literally)
+    entropy_eps: float = 1e-6  # floor of H in Corr's reciprocal term
+    acc_mode: str = "mc_mean"  # Acc(k|j) from the MC mean | deterministic (dropout off), A12
+    loss_schedule: str = "joint"  # joint (mu-weighted mixed batches) | alternating (Alg. 1 l.19-20)
+    search_schedule: str = "global_rounds"  # t <= F | per_client_participations (first F), A43
+
+    pl_threshold_nullable: ClassVar[bool] = True  # null keeps every pseudo-label
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("algorithm.corr_form", self.corr_form, CHOICES["corr_form"])
+        check_choice("algorithm.pseudo_label", self.pseudo_label, CHOICES["pseudo_label"])
+        check_choice("algorithm.self_pl_model", self.self_pl_model, CHOICES["self_pl_model"])
+        check_choice("algorithm.helper_cache", self.helper_cache, CHOICES["helper_cache"])
+        check_choice(
+            "algorithm.entropy_reduction", self.entropy_reduction, CHOICES["entropy_reduction"]
+        )
+        check_choice("algorithm.acc_mode", self.acc_mode, CHOICES["acc_mode"])
+        check_choice("algorithm.loss_schedule", self.loss_schedule, CHOICES["loss_schedule"])
+        check_choice("algorithm.search_schedule", self.search_schedule, CHOICES["search_schedule"])
+        if self.refresh_period < 1 or self.mc_samples < 1 or self.search_rounds < 0:
+            raise bad(
+                "algorithm.refresh_period",
+                self.refresh_period,
+                "refresh_period >= 1, mc_samples >= 1 and search_rounds >= 0",
+            )
+        if not self.entropy_eps > 0:
+            raise bad("algorithm.entropy_eps", self.entropy_eps, "a float > 0")
+        if self.loss_schedule == "alternating" and self.local_epochs < 1:
+            raise bad(
+                "algorithm.loss_schedule",
+                "alternating",
+                "'joint' when training by steps (epochs 0)",
+            )
