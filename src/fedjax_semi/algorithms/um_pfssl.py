@@ -1,5 +1,6 @@
 """UM-pFSSL: uncertainty-aware personalized federated semi-supervised learning with helper
-agents (spec `uncertainty_pfssl.md`, Alg. 1 and Alg. 2).
+agents (Shi, Chen and Zhang, "Uncertainty Minimization for Personalized Federated
+Semi-Supervised Learning"; the paper's Alg. 1 and Alg. 2).
 
     warm-up: every client trains on its labeled data; pool[k] = w_k
     for t = 1..rounds:
@@ -15,6 +16,8 @@ agents (spec `uncertainty_pfssl.md`, Alg. 1 and Alg. 2).
             h. UPLOAD   pool[k] = w_k, pool_ver[k] = t
 
 Every step is array code over the client's M helper slots; the engine maps it over the cohort.
+Where the paper is silent we follow docs/choices.md, UM-pFSSL (the start-of-round reads above
+are its A24).
 """
 
 from __future__ import annotations
@@ -82,25 +85,26 @@ CHOICES = {
 
 @dataclasses.dataclass
 class UMPFSSLConfig(FedAvgConfig):
-    """UM-pFSSL's knobs (the paper's Sec. 3 and Algorithms 1-2; choices the paper leaves open are
-    knobs, docs/choices.md). Local training reuses the FedAvg family's knobs."""
+    """UM-pFSSL's knobs (the paper's Sec. 4, Algorithms 1-2 and Sec. 6.1; choices the paper
+    leaves open are knobs: "A<n>" below is docs/choices.md, UM-pFSSL A<n>). Local training reuses
+    the FedAvg family's knobs."""
 
     name: str = "um_pfssl"
-    helper_list_size: int = 5  # M, self included
-    num_replace: int = 2  # R
-    search_rounds: int = 20  # F: helper search in rounds t <= F
-    refresh_period: int = 10  # nu: refresh kept helpers when t % nu == 0
-    mc_samples: int = 10  # T_mc
-    corr_form: str = "inverse"  # inverse (Eq. 13 literal) | complement
-    pseudo_label: str = "soft"  # soft | hard
-    self_pl_model: str = "pre_aggregation"  # pre_aggregation | post_aggregation
-    refresh_lowest_r: bool = False  # literal Alg. 2: the R lowest slots are not refreshed
-    helper_cache: str = "exact"  # exact (stale local copies) | fresh (always the latest upload)
-    warmup_epochs: int = 5  # E_warm: labeled-only local epochs of every client before round 1
+    helper_list_size: int = 5  # M, self included (A6)
+    num_replace: int = 2  # R (A6)
+    search_rounds: int = 20  # F: helper search in rounds t <= F (A6, A9)
+    refresh_period: int = 10  # nu: refresh kept helpers when t % nu == 0 (A8)
+    mc_samples: int = 10  # T_mc (A4)
+    corr_form: str = "inverse"  # inverse (Eq. 13 literal) | complement (A11)
+    pseudo_label: str = "soft"  # soft | hard (A14)
+    self_pl_model: str = "pre_aggregation"  # pre_aggregation | post_aggregation (A17)
+    refresh_lowest_r: bool = False  # literal Alg. 2: the R lowest slots are not refreshed (A20)
+    helper_cache: str = "exact"  # exact (stale local copies) | fresh (the latest upload), A20
+    warmup_epochs: int = 5  # E_warm: labeled-only local epochs of every client before round 1 (A5)
     entropy_reduction: str = "mean"  # mean (H in [0, 1], A10) | sum (Eq. 12 literally)
-    entropy_eps: float = 1e-6  # floor of H in Corr's reciprocal term
+    entropy_eps: float = 1e-6  # floor of H in Corr's reciprocal term (A11)
     acc_mode: str = "mc_mean"  # Acc(k|j) from the MC mean | deterministic (dropout off), A12
-    loss_schedule: str = "joint"  # joint (mu-weighted mixed batches) | alternating (Alg. 1 l.19-20)
+    loss_schedule: str = "joint"  # joint (Eq. 1's mu weights) | alternating (Alg. 1 l.19-20), A16
     search_schedule: str = "global_rounds"  # t <= F | per_client_participations (first F), A43
 
     pl_threshold_nullable: ClassVar[bool] = True  # null keeps every pseudo-label
@@ -338,7 +342,7 @@ class UMPFSSL(FedAvgFamily):
             p_bar[None], ent[None], hval[None], c.pseudo_label == "hard"
         )
         y_hat, chosen, confidence = y_hat[0], chosen[0], confidence[0]
-        # Optional confidence threshold (spec 2.6, pl_threshold: null = keep every pseudo-label).
+        # Optional confidence threshold, not in Eq. 11 (pl_threshold: null = keep every label).
         keep = jnp.ones_like(confidence, bool)
         if c.pl_threshold is not None:
             keep = confidence >= c.pl_threshold
@@ -379,8 +383,9 @@ class UMPFSSL(FedAvgFamily):
         }
 
     def train_client(self, agg, inp, shared, y_hat, keep, mu):
-        """E local epochs from the aggregated model; momentum starts fresh (A22). Unlabeled
-        samples with keep [Nu] false (below pl_threshold) get weight 0.
+        """E local epochs from the aggregated model (docs/choices.md, UM-pFSSL A3); momentum
+        starts fresh (A22 there). Unlabeled samples with keep [Nu] false (below pl_threshold) get
+        weight 0.
 
         joint: each epoch shuffles D_k = D_k^s + D_k^u (compacted into one table row) with
         per-sample weights mu (labeled, one-hot target) and 1 - mu (unlabeled, y_hat).
@@ -442,8 +447,9 @@ class UMPFSSL(FedAvgFamily):
         return new_vars, {"loss": loss_sum / jnp.maximum(steps, 1), "steps": steps}
 
     def um_objective(self, params, model_state, batch, rng, anchor, pl_on):
-        """(mu CE(labeled) + (1 - mu) KL(y_hat || f_w)) summed over the batch / n_valid (2.7).
-        Labeled targets are one-hot, for which KL equals CE."""
+        """(mu CE(labeled) + (1 - mu) KL(y_hat || f_w)) summed over the batch / n_valid (Eq. 1;
+        docs/choices.md, UM-pFSSL A15, A16). Labeled targets are one-hot, for which KL equals
+        CE."""
         logits, new_state = self.model.apply(
             {"params": params, **model_state}, batch["x"], train=True, rng=rng, mask=batch["valid"]
         )
