@@ -42,7 +42,7 @@ class AlgorithmConfig:
     model_dropout: float | None = None
     # On DoFed-SPP's tasks (partition subset | normal), what its baselines (fedavg, local,
     # fedfomo, fedbe) train on: train_and_lab (D_train + D_lab, every label a client holds) |
-    # train (D_train only). See docs/choices.md, A19.
+    # train (D_train only). See docs/choices.md, DoFed-SPP A19.
     baseline_train_data: str = "train_and_lab"
 
     def __post_init__(self) -> None:
@@ -77,8 +77,9 @@ class AlgorithmConfig:
 class DatasetConfig:
     name: str = "fashion_mnist"
     data_dir: str | None = None
-    # Cross-dataset variants (Ada-FedSemi 4.3, CoFED's public set): the train images of this
-    # second dataset, resized to the first's shape, replace the server's unlabeled/public pool.
+    # Cross-dataset variants (Ada-FedSemi Sec. 5.6, Fig. 13a; CoFED Sec. 5.2's public set): the
+    # train images of this second dataset, resized to the first's shape, replace the server's
+    # unlabeled/public pool.
     server_pool: str | None = None
     server_pool_dir: str | None = None
     server_pool_size: int = 0  # random subset of the second dataset (0 = all of it)
@@ -103,36 +104,39 @@ class PartitionConfig:
     split: str = "official"  # official | pooled (70/10/20 of train+test; cfsl: per-worker split)
     val_fraction: float = 0.0  # ada: share of the test split forming server_val
     min_client_size: int = 10
-    # --- DoFed-SPP (dofed_spp.md §3.4; scheme subset | normal)
-    n_clusters: int = 5  # SUBSET class clusters Kc [rec]; fixed_total's unit is Q // Kc classes
-    assignment: str = "balanced"  # SUBSET (train, target) cluster pairs: balanced | random [rec]
-    train_per_class: int = 500  # training samples per class of the train set [rec]
-    target_per_class: int = 200  # target samples per target class, 10 labeled + 190 [rec]
+    # --- DoFed-SPP (its Sec. 6.1, "Data Distributions"; scheme subset | normal). [paper]: the
+    # paper's value; A<n> / "other": docs/choices.md, DoFed-SPP A<n> / "Other choices".
+    n_clusters: int = 5  # SUBSET class clusters Kc (A6); fixed_total's unit is Q // Kc classes
+    assignment: str = "balanced"  # SUBSET (train, target) cluster pairs: balanced | random (other)
+    train_per_class: int = 500  # per class of the train set ([paper]: 500 C / Kc; other)
+    target_per_class: int = 200  # per target class, 10 labeled + 190 ([paper]: 200 C / Kc; other)
     target_labeled_fraction: float = 0.05  # labeled share of the target set (10:190) [paper]
-    test_per_class: int = 100  # target-distribution test samples per target class (§6 A5)
-    normal_min_classes: int = 2  # NORMAL: k_tr, k_tg ~ U{min..max}, capped at Q [paper]
+    test_per_class: int = 100  # target-distribution test samples per target class (A5)
+    normal_min_classes: int = 2  # NORMAL: k_tr, k_tg ~ U{min..max}, capped at Q [paper]; A7
     normal_max_classes: int = 10
-    normal_reject: str = "identical"  # NORMAL redraw: identical | subset (also target ⊆ train)
-    normal_size_mode: str = "per_class"  # NORMAL sizes: per_class | fixed_total [rec]
-    overlap: str = "allow"  # samples shared across clients: allow (spec, only when short) | none
-    # --- CoFED (cofed.md §3.3; scheme cofed)
+    normal_reject: str = "identical"  # NORMAL redraw: identical | subset (also target ⊆ train), A7
+    normal_size_mode: str = "per_class"  # NORMAL sizes: per_class | fixed_total (A7)
+    overlap: str = "allow"  # samples shared across clients: allow (only when short) | none (A8)
+    # --- CoFED (Cao et al., its Sec. 5.2: CIFAR-100 superclasses as tasks; scheme cofed)
     cofed_variant: str = "iid"  # iid | noniid (1..cofed_max_subclasses subclasses per task)
-    cofed_min_classes: int = 6  # tasks (superclasses) per participant ~ U{min..max} [rec]
+    cofed_min_classes: int = 6  # tasks per participant ~ U{min..max} (paper: 6 to 8; U: ours)
     cofed_max_classes: int = 8
-    samples_per_class: int = 50  # private training samples per owned task [paper]
+    samples_per_class: int = 50  # private training samples per owned task (the paper's)
     cofed_max_subclasses: int = 2  # non-IID: subclasses per (participant, task) ~ U{1..max}
-    public_fraction: float = 0.2  # held-out share of the train split = server public set [rec]
-    # --- CFSL (cfsl.md §3.1-3.2; scheme cfsl)
-    num_edges: int = 3  # edge servers J; balanced random worker association [paper/rec]
+    # Held-out share of the train split = the server's public set (the paper uses CIFAR-10's
+    # train set, see dataset.server_pool; docs/deviations.md, Partitions).
+    public_fraction: float = 0.2
+    # --- CFSL (Hamood et al., its Sec. VII-A and Table II; scheme cfsl)
+    num_edges: int = 3  # edge servers J (Table II); workers joined at random, balanced (ours)
     cfsl_clusters: int = 2  # latent worker groups (cluster structure to recover)
     # Per-group transform: label_permutation (group 0 identity, others derangements) | rotation
     # (group g: (4 g) // cfsl_clusters quarter turns) | none (the paper's own setup).
     cfsl_transform: str = "label_permutation"
     cfsl_base: str = "shards"  # worker data: shards (classes_per_client) | iid | dirichlet
     local_test_fraction: float = 0.2  # split=pooled: per-worker local test share (80/20)
-    # --- Ada-FedSemi (ada_fedsemi.md §4.2; scheme ada)
+    # --- Ada-FedSemi (Xu et al., its Sec. 5.2; scheme ada)
     ada_variant: str = "noniid"  # iid | noniid (non-IID-zeta, dominant class m mod Q)
-    ada_zeta: float = 0.5  # dominant-class share per client [paper: 0.5 / 0.6 / 0.75]
+    ada_zeta: float = 0.5  # dominant-class share per client (the paper's: 0.5 / 0.6 / 0.75)
     server_unlabeled_size: int = 0  # random subset size of the server pool (0 = all the rest)
     file: str | None = None  # load a saved partition (.npz) instead of drawing one
 
@@ -181,9 +185,9 @@ class StopConfig:
 class SystemsConfig:
     """The simulated devices and network (`systems/`): what a round costs in seconds.
 
-    The DoFed-SPP clock (its Sec. III): a round lasts the slowest participant's compute plus the
-    serialized uploads m / r_i; DoFed-SPP, its baselines and the FedAvg family on its tasks read
-    it. Methods that keep no clock ignore it.
+    The DoFed-SPP clock (its Secs. 3.1 and 6.1): a round lasts the slowest participant's compute
+    plus the serialized uploads m / r_i; DoFed-SPP, its baselines and the FedAvg family on its
+    tasks read it. Methods that keep no clock ignore it.
     """
 
     name: str = "wireless"
@@ -195,7 +199,7 @@ class SystemsConfig:
     wireless_noise_dbm_hz: float = -174.0  # shannon: N0
     wireless_distance_km: list[float] = field(default_factory=lambda: [0.05, 0.5])  # per client
     # Compute: seconds per training sample per epoch and per inference sample (a placeholder
-    # calibration, docs/choices.md A17).
+    # calibration, docs/choices.md, DoFed-SPP A17).
     time_sec_per_train_sample: float = 2e-4
     time_sec_per_infer_sample: float = 5e-5
 

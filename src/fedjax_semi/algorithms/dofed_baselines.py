@@ -1,18 +1,20 @@
-"""What DoFed-SPP's baselines FedFomo and FedBE share (spec `dofed_spp.md` section 4): the data
-they train on, the simulated clock, the labels they report and how they are scored.
+"""What DoFed-SPP's baselines FedFomo and FedBE share (DoFed-SPP Sec. 6.1): the data they train
+on, the simulated clock, the labels they report and how they are scored.
 
-Common choices of spec section 4 ([rec], A19):
+The paper leaves how it ran its baselines to an appendix that is not public; our choices
+(docs/choices.md, DoFed-SPP A19):
 
 * Baselines train on D_train + D_lab, every label a client holds (`baseline_train_data`).
   D_unl is never trained on; it is only predicted, for the labeling accuracy.
-* `clients_per_round` clients, drawn uniformly, train and upload per round (K = 10).
-* Their clock is DoFed-SPP's (spec 2.8): the slowest participant's compute plus the serialized
-  uploads m / r_i, with the same random streams as DoFed-SPP, so client i uploads at the same
-  rate in round t under every method (common random numbers); downloads and the server are
-  free (spec 1.1).
-* Labeling accuracy (spec 3.7): a baseline's labels of D_unl are its classification model's
-  hard predictions; `finish` reports them for every client as `pl_index` / `pl_label` and the
-  engine scores them into `pl_acc` on the host.
+* `clients_per_round` clients, drawn uniformly, train and upload per round (K = 10, as Sec. 6.1).
+* Their clock is DoFed-SPP's (Sec. 6.1; docs/choices.md, DoFed-SPP A17, A18): the slowest
+  participant's compute plus the serialized uploads m / r_i, with the same random streams as
+  DoFed-SPP, so client i uploads at the same rate in round t under every method (common random
+  numbers); downloads and the server are free (Sec. 3.1).
+* Labeling accuracy (Sec. 6.2: the baselines label with their classification models): a
+  baseline's labels of D_unl are its classification model's hard predictions; `finish`
+  reports them for every client as `pl_index` / `pl_label` and the engine scores them into
+  `pl_acc` on the host.
 * Classification accuracy: the model a client uses (FedFomo: its personalized model; FedBE: the
   global model) on its own target test split; `accuracy` is the mean over clients, like
   DoFed-SPP's, so the methods compare on one metric.
@@ -47,7 +49,7 @@ PyTree = Any
 @struct.dataclass
 class TargetPlan:
     """What a baseline's server keeps from `prepare` for `finish` on DoFed-SPP's tasks: the
-    clock's inputs and the rows every client labels (Sec. IV's pseudo-label accuracy).
+    clock's inputs and the rows every client labels (the labeling accuracy of Table 1).
 
     cohort: int32 [S] the participants.
     n_train: int32 [S] the rows each participant trains on (its compute time).
@@ -89,8 +91,9 @@ def concat_tables(a: RoleTable, b: RoleTable) -> RoleTable:
 
 
 def training_table(roles: dict[str, RoleTable], mode: str) -> RoleTable:
-    """What a baseline trains on [N, D]: D_train + D_lab (A19) or D_train alone. With the
-    generic fallback D_lab is D_train, so the union is D_train itself (no duplicates)."""
+    """What a baseline trains on [N, D]: D_train + D_lab (docs/choices.md, DoFed-SPP A19) or
+    D_train alone. With the generic fallback D_lab is D_train, so the union is D_train itself
+    (no duplicates)."""
     r = data_roles(roles)
     if mode == "train" or r.lab == r.train:
         return roles[r.train]

@@ -1,5 +1,5 @@
 """DoFed-SPP: dual-objective personalized federated learning with similarity-ratio pseudo-labels
-(Ching et al., IEEE TSC 2023; spec `dofed_spp.md`, Algorithm 2).
+(Ching et al., IEEE TSC 2023; the paper's Algorithm 2).
 
 Every client n holds a fully labeled training set D_train, a labeled target set D_lab and an
 unlabeled target set D_unl; it keeps a reciprocal model R_n (trained on D_train, shared) and a
@@ -154,7 +154,8 @@ class DoFedSPP(Method):
     # ------------------------------------------------------------------ state
 
     def init(self, key: jax.Array, fed: FederatedData) -> FLState:
-        """R0 and T0 (one shared init each by default, spec 2.1); S uniform until Phase 0."""
+        """R0 and T0 (Algorithm 2 line 3; one shared init each by default: docs/choices.md,
+        DoFed-SPP, "Other choices"); S uniform until Phase 0."""
         need = {*data_roles(fed.roles), "test"}
         missing = sorted(need - set(fed.roles))
         if missing:
@@ -185,7 +186,7 @@ class DoFedSPP(Method):
             round=jnp.zeros((), jnp.int32),
             global_vars={},  # no server model: the BS only relays uploads
             client_vars=tar0,  # the target models T_n, the ones evaluated
-            client_opt={},  # momentum restarts every round (spec 3.5)
+            client_opt={},  # momentum restarts every round (docs/choices.md, DoFed-SPP A10)
             sim_time=jnp.zeros((), jnp.float32),
             extra=extra,
         )
@@ -256,9 +257,10 @@ class DoFedSPP(Method):
     def budget_constants(
         self, counts: tuple[jax.Array, ...], extra: dict
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Eq. 26's (C1, C2, C3) for the slowest client (spec 2.3.3, 2.8): counts are the valid
-        sizes [N] of D_train, D_lab, D_unl. C1 = T/G minus the compute that does not grow with B,
-        C2 = seconds per labeling model, C3 = expected seconds per upload."""
+        """Eq. 26's (C1, C2, C3) for the slowest client (Sec. 4.4; docs/choices.md, DoFed-SPP
+        A25): counts are the valid sizes [N] of D_train, D_lab, D_unl. C1 = T/G minus the
+        compute that does not grow with B, C2 = seconds per labeling model, C3 = expected
+        seconds per upload."""
         c = self.cfg
         n_train, n_lab, n_unl = counts
         fixed = wireless.dofed_compute_time(
@@ -335,7 +337,8 @@ class DoFedSPP(Method):
         return plan, inputs, shared
 
     def broadcast(self, cache: PyTree) -> PyTree:
-        """The copies the BS broadcasts: the uploads, or their low-rank version (spec 2.7)."""
+        """The copies the BS broadcasts: the uploads, or their low-rank version (Sec. 4.5,
+        Algorithm 2 lines 7 and 19; docs/choices.md, DoFed-SPP A13)."""
         return low_rank(cache, self.cfg.pca_rank) if self.cfg.pca_rank > 0 else cache
 
     # ------------------------------------------------------------------ Phases 2-4 (one client)
@@ -430,9 +433,9 @@ class DoFedSPP(Method):
 
         Models are [N]-stacked. Losses: the broadcast copies `shown` off the diagonal, the own
         current R_n on it, target T_n, all on D_lab (lab [N, Dl]); distances: the uploads
-        `cache` (un-reduced when PCA is on, spec 2.7) and R_n to the own R_n^prev, over every
-        parameter (spec 2.2, A2). sr_prev None: the first computation (degenerate rows become
-        uniform)."""
+        `cache` (un-reduced when PCA is on: docs/choices.md, DoFed-SPP A13) and R_n to the own
+        R_n^prev, over every parameter (Theorem 1, Eq. 19; which models: A2 there). sr_prev
+        None: the first computation (degenerate rows become uniform, A4 there)."""
         c = self.cfg
 
         def loss(v, table):
@@ -507,7 +510,8 @@ class DoFedSPP(Method):
             n_label_degenerate=jnp.sum(plan.label_degenerate).astype(jnp.int32),
             sr_self=jnp.mean(jnp.diagonal(sr)),
             sr_entropy=jnp.mean(-jnp.sum(jnp.where(sr > 0, sr * jnp.log(p), 0.0), axis=1)),
-            # A24: how much of each client's SR mass the uploaded set covered.
+            # How much of each client's SR mass the uploaded set covered (docs/choices.md,
+            # DoFed-SPP A24).
             sr_mass_uploaded=jnp.mean(jnp.sum(jnp.where(sel.chosen, ex["sr"], 0.0), axis=1)),
             sr_mass_uploaded_min=jnp.min(jnp.sum(jnp.where(sel.chosen, ex["sr"], 0.0), axis=1)),
             cache_age=jnp.mean((t - plan.cache_round).astype(jnp.float32)),
@@ -527,8 +531,8 @@ class DoFedSPP(Method):
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
-        """Classification accuracy: each target model T_n on its own test split (spec 3.7), and
-        T_n on its D_unl (A5's secondary "cls" variant)."""
+        """Classification accuracy (Sec. 6.1): each target model T_n on its own test split, and
+        T_n on its D_unl as a secondary metric (docs/choices.md, DoFed-SPP A5)."""
         return evaluate_clients(self.evaluator, state, fed, mapper, per_client=True)
 
 

@@ -1,5 +1,5 @@
 """What DoFed-SPP and its baselines share on DoFed-SPP's tasks (Ching et al., IEEE TSC 2023):
-which role tables play D_train, D_lab and D_unl, the classification evaluation of Sec. IV, the
+which role tables play D_train, D_lab and D_unl, the classification evaluation of Sec. 6.1, the
 DoFed-SPP's config, and the low-rank model copy."""
 
 from __future__ import annotations
@@ -59,10 +59,10 @@ def client_evaluator(model: Model, *, per_client: bool):
 def evaluate_clients(
     evaluator, state: FLState, fed: FederatedData, mapper: Mapper, *, per_client: bool
 ) -> dict:
-    """Classification accuracy (spec 3.7): each client's model (per_client: its own
-    `client_vars` row; else the global model) on its own test split, and on its D_unl (A5's
-    secondary "cls", which for a baseline is also its labeling accuracy). evaluator comes from
-    `client_evaluator`."""
+    """Classification accuracy (Sec. 6.1): each client's model (per_client: its own
+    `client_vars` row; else the global model) on its own test split (docs/choices.md, DoFed-SPP
+    A5), and on its D_unl (A5's secondary metric; for a baseline also its labeling accuracy,
+    Sec. 6.2). evaluator comes from `client_evaluator`."""
     out = {}
     unl = data_roles(fed.roles).unl
     for key, role in (("client", "test"), ("unl", unl)):
@@ -95,11 +95,11 @@ CHOICES = {
 
 @dataclasses.dataclass
 class DoFedSPPConfig(AlgorithmConfig):
-    """DoFed-SPP's knobs (the paper's Sec. III; choices it leaves open are knobs,
-    docs/choices.md). The reciprocal models train with lr (gamma), local_epochs and batch_size;
-    optimizer and momentum apply to both models and restart every round. Every client trains
-    every round (clients_per_round is not used); selection_k clients upload. The clock is
-    `systems`' (uploads, seconds per sample)."""
+    """DoFed-SPP's knobs (the paper's Secs. 4-5; choices it leaves open are knobs: "A<n>" below
+    is docs/choices.md, DoFed-SPP A<n>). The reciprocal models train with lr (gamma),
+    local_epochs and batch_size; optimizer and momentum apply to both models and restart every
+    round (A10). Every client trains every round (clients_per_round is not used); selection_k
+    clients upload. The clock is `systems`' (uploads, seconds per sample)."""
 
     name: str = "dofed_spp"
     init_mode: str = "shared"  # shared (one init broadcast) | per_client initial models
@@ -110,7 +110,7 @@ class DoFedSPPConfig(AlgorithmConfig):
     sr_g1: Any = 0.0  # G1 >= 0, or "auto": max pairwise distance of the current models (A1)
     sr_g2: float = 3.0  # G2 >= 0, a loss margin (3 for the CNN, 1 for the text model, A1)
     sr_eps: float = 1e-8  # floor of the distances in Eq. 19
-    sr_target_version: str = "pre_update"  # target model of Eq. 19: pre_update | post_update
+    sr_target_version: str = "pre_update"  # target model of Eq. 19: pre_update | post_update (A2)
     sr_degenerate: str = "keep_previous"  # rows with every a = 0: keep_previous | uniform (A4)
     sr_exclude_self: bool = False  # drop S[n, n] (A3)
     selection_mode: str = "fixed"  # fixed (selection_k, selection_b) | budget (Ineq. 26)
@@ -118,7 +118,7 @@ class DoFedSPPConfig(AlgorithmConfig):
     selection_b: int = 10  # B labeling models per client, 1 <= B <= K (fixed mode)
     selection_time_per_round_s: float | None = None  # T / G of Ineq. 25, budget mode only
     label_renormalize: bool = False  # Eq. 20 weights over B summing to 1 (argmax unchanged)
-    pca_rank: int = 0  # > 0: low-rank SVD of every >= 2-D weight before broadcast; 0 off
+    pca_rank: int = 0  # > 0: low-rank SVD of every >= 2-D weight before broadcast; 0 off (A13)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -175,10 +175,10 @@ def check_selection_k(cfg: DoFedSPPConfig, num_clients: int) -> None:
 
 
 def low_rank(variables: PyTree, rank: int) -> PyTree:
-    """Spec 2.7 [rec] "PCA": every >= 2-D weight of each model, reshaped to [fan_in, out], replaced
-    by its rank-`rank` truncated SVD and reconstructed to its full shape, so the same model code
-    runs on the reduced copy. Leaves lead with the client axis [N]; biases and batch statistics
-    are left alone."""
+    """Our reading of Sec. 4.5's "PCA" (docs/choices.md, DoFed-SPP A13): every >= 2-D weight of
+    each model, reshaped to [fan_in, out], replaced by its rank-`rank` truncated SVD and
+    reconstructed to its full shape, so the same model code runs on the reduced copy. Leaves
+    lead with the client axis [N]; biases and batch statistics are left alone."""
 
     def leaf(w):
         if w.ndim < 3:

@@ -15,11 +15,12 @@ One mechanism, several knobs (McMahan et al. 2017, Li et al. 2020):
 * local: nothing shared (algorithm.shared=none); each client keeps its model.
 
 On DoFed-SPP's SUBSET/NORMAL partitions (roles `target_labeled`, `target_unlabeled`) fedavg and
-local are DoFed-SPP's baselines (spec dofed_spp.md section 4), on the same footing as FedFomo and
-FedBE (`dofed_baselines.py`): they train on D_train + D_lab (`baseline_train_data`), Local trains
-every client every round, the simulated clock advances by the slowest participant's compute plus
-its uploads (Local uploads nothing), and `finish` reports each client model's hard labels of its
-D_unl as `pl_index` / `pl_label`, which the engine scores into `pl_acc`.
+local are DoFed-SPP's baselines (its Sec. 6.1; docs/choices.md, DoFed-SPP A19), on the same
+footing as FedFomo and FedBE (`dofed_baselines.py`): they train on D_train + D_lab
+(`baseline_train_data`), Local trains every client every round, the simulated clock advances by
+the slowest participant's compute plus its uploads (Local uploads nothing), and `finish` reports
+each client model's hard labels of its D_unl as `pl_index` / `pl_label`, which the engine scores
+into `pl_acc`.
 """
 
 from __future__ import annotations
@@ -173,8 +174,9 @@ class FedAvgFamily(Method):
             client_vars=client_vars,
             client_opt=client_opt,
             sim_time=jnp.zeros((), jnp.float32),
-            # Whole-model transfers (UM-pFSSL's unit, spec 2.9): each sampled client downloads
-            # the global model once and uploads once per round.
+            # Whole-model transfers (UM-pFSSL's unit: Cost_1 of its Sec. 6.2, "Communication
+            # cost"): each sampled client downloads the global model once and uploads once per
+            # round.
             extra={"comm": {"downloads": jnp.int32(0), "uploads": jnp.int32(0)}, **clock},
         )
 
@@ -269,7 +271,7 @@ class FedAvgFamily(Method):
         metrics: dict,
         key: jax.Array,
     ):
-        """DoFed-SPP's clock (spec 2.8) and labels (spec 3.7) for this round: the slowest
+        """DoFed-SPP's clock (its Sec. 6.1) and labels (its Sec. 6.2) for this round: the slowest
         participant's E t_train(|D_train| + |D_lab|) plus m / r_i per upload, and every client's
         model's hard predictions on its D_unl [N, Du]."""
         c, t = self.cfg, state.round
@@ -326,7 +328,8 @@ class FedAvgFamily(Method):
             r = mapper(self.eval_client, xs, state.global_vars, fed.x, fed.eval_y)
         out["client_acc"], out["personal_acc"] = client_accuracy(r)
         out["accuracy"] = out["global_acc"] if self.has_global_model else out["personal_acc"]
-        if dofed.is_target_task(fed.roles):  # each client's model on its D_unl (spec 3.7)
+        # Each client's model on its D_unl (docs/choices.md, DoFed-SPP A5).
+        if dofed.is_target_task(fed.roles):
             unl = fed.roles[dofed.data_roles(fed.roles).unl]
             xs = {"table": unl, "personal": state.client_vars}
             r = mapper(self.eval_client, xs, state.global_vars, fed.x, fed.eval_y)
@@ -379,7 +382,7 @@ def _fixmatch(name: str, shared: str, prox: bool):
     register(name, FedAvgConfig)(factory)
 
 
-# The semi-supervised baselines of UM-pFSSL's Table 1 (spec section 4): one mechanism, knobs.
+# The semi-supervised baselines of UM-pFSSL's Tables 1-2 (its Sec. 6.1): one mechanism, knobs.
 _fixmatch("fixavg", "all", prox=False)
 _fixmatch("fixprox", "all", prox=True)
 _fixmatch("fixbn", "fedbn", prox=False)

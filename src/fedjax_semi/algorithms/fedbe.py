@@ -1,5 +1,5 @@
 """FedBE: a Bayesian model ensemble distilled into the global model (Chen & Chao, ICLR 2021), as
-the baseline of DoFed-SPP (spec `dofed_spp.md` section 4).
+the baseline of DoFed-SPP (its Sec. 6.1; our details: docs/choices.md, DoFed-SPP A19).
 
     for t = 1..rounds:
       S = clients_per_round clients, uniformly                                 (prepare)
@@ -9,17 +9,19 @@ the baseline of DoFed-SPP (spec `dofed_spp.md` section 4).
       E = {mu} + {theta_s} + {theta_k}                                         (the ensemble)
       p(x) = mean_{e in E} softmax(f(theta_e, x)) on the server pool           (pseudo-labels)
       w = SWA of SGD from mu on KL(p || f(w, .)) over the pool                 (distillation)
-      clock += slowest participant's compute + S uploads (server compute is free, spec 1.1)
+      clock += slowest participant's compute + S uploads (free server: DoFed-SPP Sec. 3.1)
 
-Every client uses the global model w (classification and labeling, spec 3.7).
+Every client uses the global model w (classification, and labeling as DoFed-SPP's Sec. 6.2 says
+of its baselines).
 
-The server pool (`fedbe_pool`): DoLP defines no server data. The spec's [rec] is 5,000 inputs of
-the train split with no labels used (`train_split`: every input no client tests on and no
-server set holds, i.e. the official train split under SUBSET / NORMAL, clients' data included;
-overlap with client data is allowed). Drawing it class-balanced would need the hidden labels, so
-the draw is uniform: balanced in expectation on the balanced datasets of the paper. The other
-choices are `clients_unlabeled` (the union of every client's unlabeled target set, pooled at
-the server) and `server` (the partition's own server set, `server_unlabeled` or `public`).
+The server pool (`fedbe_pool`): DoFed-SPP's problem (DoLP) has no server data. Our default
+(docs/choices.md, DoFed-SPP A19) is 5,000 inputs of the train split with no labels used
+(`train_split`: every input no client tests on and no server set holds, i.e. the official train
+split under SUBSET / NORMAL, clients' data included; overlap with client data is allowed).
+Drawing it class-balanced would need the hidden labels, so the draw is uniform: balanced in
+expectation on the balanced datasets of the paper. The other choices are `clients_unlabeled`
+(the union of every client's unlabeled target set, pooled at the server) and `server` (the
+partition's own server set, `server_unlabeled` or `public`).
 
 Batch statistics, if the model has any, are not part of the Gaussian: samples carry mu's.
 """
@@ -431,7 +433,7 @@ class FedBE(Method):
         t_comp = self.compute.slowest(plan.n_train, c.local_epochs)
         moved = jnp.int32(cohort.shape[0])
         comm = {k: v + moved for k, v in ex["comm"].items()}
-        # Labeling (spec 3.7): every client labels its D_unl with the global model.
+        # Labeling (DoFed-SPP Sec. 6.2): every client labels its D_unl with the global model.
         pl = common.predict_labels(self.server_model, new_global, x, plan.unl, per_client=False)
         sigma = jnp.concatenate([jnp.sqrt(v).ravel() for v in jax.tree.leaves(var)])
         metrics = cohort_metrics(cohort, out, out["vars"])
@@ -460,8 +462,9 @@ class FedBE(Method):
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
-        """The global model on every client's target test split and D_unl (spec 3.7), on the
-        server test set, and the accuracy of the last ensemble pseudo-labels of the pool."""
+        """The global model on every client's target test split and D_unl (DoFed-SPP Sec. 6.1;
+        docs/choices.md, DoFed-SPP A5), on the server test set, and the accuracy of the last
+        ensemble pseudo-labels of the pool."""
         out = common.evaluate_clients(self.evaluator, state, fed, mapper, per_client=False)
         g = evaluate_indices(
             self.server_model,

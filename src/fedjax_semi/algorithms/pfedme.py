@@ -1,5 +1,5 @@
 """pFedMe (Dinh et al., 2020) with FixMatch local loss: personalized models by Moreau envelopes
-(UM-pFSSL's baseline, spec uncertainty_pfssl.md section 4).
+(a baseline of UM-pFSSL, its Sec. 6.1; our settings: docs/choices.md, UM-pFSSL A37).
 
     for each round:
         S = sample clients; w_k = w (the global model)

@@ -1,5 +1,6 @@
 """UM-pFSSL: uncertainty-aware personalized federated semi-supervised learning with helper
-agents (spec `uncertainty_pfssl.md`, Alg. 1 and Alg. 2).
+agents (Shi, Chen and Zhang, "Uncertainty Minimization for Personalized Federated
+Semi-Supervised Learning"; the paper's Alg. 1 and Alg. 2).
 
     warm-up: every client trains on its labeled data; pool[k] = w_k
     for t = 1..rounds:
@@ -15,6 +16,8 @@ agents (spec `uncertainty_pfssl.md`, Alg. 1 and Alg. 2).
             h. UPLOAD   pool[k] = w_k, pool_ver[k] = t
 
 Every step is array code over the client's M helper slots; the engine maps it over the cohort.
+Where the paper is silent we follow docs/choices.md, UM-pFSSL (the start-of-round reads above
+are its A24).
 """
 
 from __future__ import annotations
@@ -297,7 +300,7 @@ class UMPFSSL(FedAvgFamily):
             p_bar[None], ent[None], hval[None], c.pseudo_label == "hard"
         )
         y_hat, chosen, confidence = y_hat[0], chosen[0], confidence[0]
-        # Optional confidence threshold (spec 2.6, pl_threshold: null = keep every pseudo-label).
+        # Optional confidence threshold, not in Eq. 11 (pl_threshold: null = keep every label).
         keep = jnp.ones_like(confidence, bool)
         if c.pl_threshold is not None:
             keep = confidence >= c.pl_threshold
@@ -338,8 +341,9 @@ class UMPFSSL(FedAvgFamily):
         }
 
     def train_client(self, agg, inp, shared, y_hat, keep, mu):
-        """E local epochs from the aggregated model; momentum starts fresh (A22). Unlabeled
-        samples with keep [Nu] false (below pl_threshold) get weight 0.
+        """E local epochs from the aggregated model (docs/choices.md, UM-pFSSL A3); momentum
+        starts fresh (A22 there). Unlabeled samples with keep [Nu] false (below pl_threshold) get
+        weight 0.
 
         joint: each epoch shuffles D_k = D_k^s + D_k^u (compacted into one table row) with
         per-sample weights mu (labeled, one-hot target) and 1 - mu (unlabeled, y_hat).
@@ -401,8 +405,9 @@ class UMPFSSL(FedAvgFamily):
         return new_vars, {"loss": loss_sum / jnp.maximum(steps, 1), "steps": steps}
 
     def um_objective(self, params, model_state, batch, rng, anchor, pl_on):
-        """(mu CE(labeled) + (1 - mu) KL(y_hat || f_w)) summed over the batch / n_valid (2.7).
-        Labeled targets are one-hot, for which KL equals CE."""
+        """(mu CE(labeled) + (1 - mu) KL(y_hat || f_w)) summed over the batch / n_valid (Eq. 1;
+        docs/choices.md, UM-pFSSL A15, A16). Labeled targets are one-hot, for which KL equals
+        CE."""
         logits, new_state = self.model.apply(
             {"params": params, **model_state}, batch["x"], train=True, rng=rng, mask=batch["valid"]
         )

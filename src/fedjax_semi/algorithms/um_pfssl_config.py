@@ -23,25 +23,26 @@ CHOICES = {
 
 @dataclasses.dataclass
 class UMPFSSLConfig(FedAvgConfig):
-    """UM-pFSSL's knobs (the paper's Sec. 3 and Algorithms 1-2; choices the paper leaves open are
-    knobs, docs/choices.md). Local training reuses the FedAvg family's knobs."""
+    """UM-pFSSL's knobs (the paper's Sec. 4, Algorithms 1-2 and Sec. 6.1; choices the paper
+    leaves open are knobs: "A<n>" below is docs/choices.md, UM-pFSSL A<n>). Local training reuses
+    the FedAvg family's knobs."""
 
     name: str = "um_pfssl"
-    helper_list_size: int = 5  # M, self included
-    num_replace: int = 2  # R
-    search_rounds: int = 20  # F: helper search in rounds t <= F
-    refresh_period: int = 10  # nu: refresh kept helpers when t % nu == 0
-    mc_samples: int = 10  # T_mc
-    corr_form: str = "inverse"  # inverse (Eq. 13 literal) | complement
-    pseudo_label: str = "soft"  # soft | hard
-    self_pl_model: str = "pre_aggregation"  # pre_aggregation | post_aggregation
-    refresh_lowest_r: bool = False  # literal Alg. 2: the R lowest slots are not refreshed
-    helper_cache: str = "exact"  # exact (stale local copies) | fresh (always the latest upload)
-    warmup_epochs: int = 5  # E_warm: labeled-only local epochs of every client before round 1
+    helper_list_size: int = 5  # M, self included (A6)
+    num_replace: int = 2  # R (A6)
+    search_rounds: int = 20  # F: helper search in rounds t <= F (A6, A9)
+    refresh_period: int = 10  # nu: refresh kept helpers when t % nu == 0 (A8)
+    mc_samples: int = 10  # T_mc (A4)
+    corr_form: str = "inverse"  # inverse (Eq. 13 literal) | complement (A11)
+    pseudo_label: str = "soft"  # soft | hard (A14)
+    self_pl_model: str = "pre_aggregation"  # pre_aggregation | post_aggregation (A17)
+    refresh_lowest_r: bool = False  # literal Alg. 2: the R lowest slots are not refreshed (A20)
+    helper_cache: str = "exact"  # exact (stale local copies) | fresh (the latest upload), A20
+    warmup_epochs: int = 5  # E_warm: labeled-only local epochs of every client before round 1 (A5)
     entropy_reduction: str = "mean"  # mean (H in [0, 1], A10) | sum (Eq. 12 literally)
-    entropy_eps: float = 1e-6  # floor of H in Corr's reciprocal term
+    entropy_eps: float = 1e-6  # floor of H in Corr's reciprocal term (A11)
     acc_mode: str = "mc_mean"  # Acc(k|j) from the MC mean | deterministic (dropout off), A12
-    loss_schedule: str = "joint"  # joint (mu-weighted mixed batches) | alternating (Alg. 1 l.19-20)
+    loss_schedule: str = "joint"  # joint (Eq. 1's mu weights) | alternating (Alg. 1 l.19-20), A16
     search_schedule: str = "global_rounds"  # t <= F | per_client_participations (first F), A43
 
     pl_threshold_nullable: ClassVar[bool] = True  # null keeps every pseudo-label
