@@ -27,6 +27,7 @@ from fedjax_semi.config import AlgorithmConfig, SystemsConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import select_cohort
 from fedjax_semi.engine.state import FLState
+from fedjax_semi.engine.train import LocalObjective, Schedule, make_optimizer
 from fedjax_semi.errors import bad
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
@@ -117,9 +118,11 @@ class ClientTable:
 
 @dataclasses.dataclass
 class Method(Capabilities):
-    """What every method is built from: the fields each factory receives, and the model's size
-    on the simulated clock (`systems`: its uplink and compute models). A method extends it,
-    narrowing `cfg` to its own config class, and calls `super().__post_init__()` first."""
+    """What every method is built from: the fields each factory receives, the local trainer's
+    optimizer, schedule and objective from the shared knobs (`engine.train.local_train` runs
+    them), and the model's size on the simulated clock (`systems`: its uplink and compute
+    models). A method extends it, narrowing `cfg` to its own config class, and calls
+    `super().__post_init__()` first."""
 
     cfg: AlgorithmConfig
     model: Model
@@ -130,6 +133,11 @@ class Method(Capabilities):
     systems: SystemsConfig = dataclasses.field(default_factory=SystemsConfig)
 
     def __post_init__(self) -> None:
+        c = self.cfg
+        # The local trainer's parts from the shared knobs (a method may replace the objective).
+        self.tx = make_optimizer(c.optimizer, c.lr, c.momentum, c.weight_decay)
+        self.schedule = Schedule(c.batch_size, c.local_epochs, c.local_steps)
+        self.objective = LocalObjective(self.model)  # cross-entropy on the labeled batch
         self.template = jax.eval_shape(self.model.init, SHAPE_KEY)  # shapes only
         self.model_mb = wireless.model_size_mb(wireless.param_count(self.template["params"]))
         self.uplink = Uplink.from_config(self.systems, self.model_mb)

@@ -46,7 +46,10 @@ from fedjax_semi.algorithms.base import (
     register,
 )
 from fedjax_semi.algorithms.dofed_task import (
+    TARGET_TASK_ROLES,
+    DoFedInputs,
     DoFedSPPConfig,
+    DoFedWarmupInputs,
     check_selection_k,
     client_evaluator,
     data_roles,
@@ -66,7 +69,6 @@ from fedjax_semi.engine.keys import (
     client_key,
 )
 from fedjax_semi.engine.train import (
-    LocalObjective,
     Schedule,
     evaluate_row,
     local_train,
@@ -77,32 +79,6 @@ from fedjax_semi.kernels import similarity as sim
 from fedjax_semi.systems import wireless
 
 PyTree = Any
-
-
-@struct.dataclass
-class DoFedWarmupInputs:
-    """warmup -> warmup_client, one row per client [N, ...]: its id, reciprocal model and
-    training table."""
-
-    id: jax.Array
-    rec: PyTree
-    train: RoleTable
-
-
-@struct.dataclass
-class DoFedInputs:
-    """prepare -> client_update, one row per client [N, ...] (everyone trains every round): its
-    reciprocal model, target (student) model, the ids [B] and weights [B] of the models that
-    label its data, and its D_train, D_lab and D_unl tables."""
-
-    id: jax.Array
-    rec: PyTree
-    tar: PyTree
-    ids: jax.Array
-    w: jax.Array
-    train: RoleTable
-    lab: RoleTable
-    unl: RoleTable
 
 
 @struct.dataclass
@@ -133,18 +109,17 @@ class DoFedPlan:
 class DoFedSPP(Method):
     cfg: DoFedSPPConfig
     name: str = "dofed_spp"
-    roles: tuple[str, ...] = ("labeled", "target_labeled", "target_unlabeled", "test")
+    roles: tuple[str, ...] = TARGET_TASK_ROLES
     oracle: bool = False
     has_global_model: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         c = self.cfg
-        self.objective = LocalObjective(self.model)  # CE; the student's labels come as extras
+        # The reciprocal models train with Method's tx and schedule (lr, local_epochs) and its
+        # cross-entropy objective; the student's pseudo-labels come to it as extras.
         self.evaluator = client_evaluator(self.model, per_client=True)
-        self.tx_rec = make_optimizer(c.optimizer, c.lr, c.momentum, c.weight_decay)
         self.tx_tar = make_optimizer(c.optimizer, c.lr_tar, c.momentum, c.weight_decay)
-        self.schedule_rec = Schedule(c.batch_size, c.local_epochs, c.local_steps)
         self.schedule_tar = Schedule(c.batch_size, c.local_epochs_tar, 0)
         self.gamma = c.lr if c.sr_gamma is None else c.sr_gamma
         self.budget_mode = c.selection_mode == "budget"
@@ -237,13 +212,13 @@ class DoFedSPP(Method):
         def one_round(variables, r):
             variables, _, stats = local_train(
                 self.objective,
-                self.tx_rec,
+                self.tx,
                 variables,
-                self.tx_rec.init(variables["params"]),
+                self.tx.init(variables["params"]),
                 shared.x,
                 shared.y,
                 inp.train,
-                self.schedule_rec,
+                self.schedule,
                 client_key(shared.key, WARM_SAMPLE, r, cid),
                 client_key(shared.key, WARM_DROPOUT, r, cid),
             )
@@ -387,13 +362,13 @@ class DoFedSPP(Method):
         # Phase 4 (line 33): one round of local reciprocal training on D_train.
         rec, _, st_rec = local_train(
             self.objective,
-            self.tx_rec,
+            self.tx,
             inp.rec,
-            self.tx_rec.init(inp.rec["params"]),
+            self.tx.init(inp.rec["params"]),
             x,
             y,
             train,
-            self.schedule_rec,
+            self.schedule,
             client_key(shared.key, REC_SAMPLE, t, cid),
             client_key(shared.key, REC_DROPOUT, t, cid),
         )

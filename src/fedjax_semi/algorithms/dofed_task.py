@@ -9,10 +9,11 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from fedjax_semi.algorithms.base import FLState, Mapper, client_accuracy
 from fedjax_semi.config import AlgorithmConfig
-from fedjax_semi.data.federated import FederatedData
+from fedjax_semi.data.federated import FederatedData, RoleTable
 from fedjax_semi.engine.train import evaluate_row
 from fedjax_semi.errors import bad, check_choice
 from fedjax_semi.models.zoo import Model
@@ -30,6 +31,8 @@ class Roles(NamedTuple):
 
 DOFED_ROLES = Roles("labeled", "target_labeled", "target_unlabeled")
 GENERIC_ROLES = Roles("labeled", "labeled", "unlabeled")
+# The roles DoFed-SPP and its baselines declare (they also run on GENERIC_ROLES).
+TARGET_TASK_ROLES = ("labeled", "target_labeled", "target_unlabeled", "test")
 
 
 def data_roles(roles: dict) -> Roles:
@@ -80,6 +83,35 @@ def evaluate_clients(
         "test_loss": out["client_loss"],
         "cls_acc_on_unl": out["unl_mean"],
     }
+
+
+# ----------------------------------------------------------------------------- DoFed-SPP's rows
+
+
+@struct.dataclass
+class DoFedWarmupInputs:
+    """warmup -> warmup_client, one row per client [N, ...]: its id, reciprocal model and
+    training table."""
+
+    id: jax.Array
+    rec: PyTree
+    train: RoleTable
+
+
+@struct.dataclass
+class DoFedInputs:
+    """prepare -> client_update, one row per client [N, ...] (everyone trains every round): its
+    reciprocal model, target (student) model, the ids [B] and weights [B] of the models that
+    label its data, and its D_train, D_lab and D_unl tables."""
+
+    id: jax.Array
+    rec: PyTree
+    tar: PyTree
+    ids: jax.Array
+    w: jax.Array
+    train: RoleTable
+    lab: RoleTable
+    unl: RoleTable
 
 
 # ----------------------------------------------------------------------------- config

@@ -50,11 +50,9 @@ from fedjax_semi.engine.clients import broadcast, gather, scatter
 from fedjax_semi.engine.keys import DROPOUT, INIT, SAMPLE, client_key
 from fedjax_semi.engine.train import (
     LocalObjective,
-    Schedule,
     evaluate_indices,
     evaluate_row,
     local_train,
-    make_optimizer,
 )
 from fedjax_semi.errors import bad
 from fedjax_semi.systems import wireless
@@ -138,8 +136,6 @@ class FedAvgFamily(Method):
     def __post_init__(self) -> None:
         super().__post_init__()
         c = self.cfg
-        self.tx = make_optimizer(c.optimizer, c.lr, c.momentum, c.weight_decay)
-        self.schedule = Schedule(c.batch_size, c.local_epochs, c.local_steps)
         self.objective = LocalObjective(
             self.model,
             prox_mu=c.prox_mu,

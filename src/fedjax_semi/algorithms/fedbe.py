@@ -45,7 +45,7 @@ from fedjax_semi.algorithms.base import (
     cohort_metrics,
     register,
 )
-from fedjax_semi.algorithms.dofed_task import data_roles
+from fedjax_semi.algorithms.dofed_task import TARGET_TASK_ROLES, data_roles
 from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine import aggregate
@@ -61,7 +61,6 @@ from fedjax_semi.engine.keys import (
 from fedjax_semi.engine.keys import FEDBE_DROPOUT as DROPOUT
 from fedjax_semi.engine.keys import FEDBE_SAMPLE as SAMPLE
 from fedjax_semi.engine.train import (
-    LocalObjective,
     Schedule,
     evaluate_indices,
     kl_divergence,
@@ -272,16 +271,13 @@ def pool_logits(model: Model, variables: PyTree, x: jax.Array, idx: jax.Array, b
 class FedBE(Method):
     cfg: FedBEConfig
     name: str = "fedbe"
-    roles: tuple[str, ...] = ("labeled", "target_labeled", "target_unlabeled", "test")
+    roles: tuple[str, ...] = TARGET_TASK_ROLES
     oracle: bool = False
     has_global_model: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
         c = self.cfg
-        self.objective = LocalObjective(self.model)
-        self.tx = make_optimizer(c.optimizer, c.lr, c.momentum, c.weight_decay)
-        self.schedule = Schedule(c.batch_size, c.local_epochs, 0)
         self.distill_objective = DistillObjective(self.model)
         self.distill_tx = make_optimizer("sgd", c.fedbe_distill_lr, c.fedbe_distill_momentum)
         self.distill_schedule = Schedule(c.fedbe_distill_batch_size, 1, 0)  # one epoch per call

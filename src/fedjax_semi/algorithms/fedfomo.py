@@ -44,7 +44,7 @@ from fedjax_semi.algorithms.base import (
     cohort_metrics,
     register,
 )
-from fedjax_semi.algorithms.dofed_task import data_roles
+from fedjax_semi.algorithms.dofed_task import TARGET_TASK_ROLES, data_roles
 from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import broadcast, gather, scatter
@@ -52,11 +52,8 @@ from fedjax_semi.engine.keys import DOWNLOAD, INIT, client_key, round_key
 from fedjax_semi.engine.keys import FEDFOMO_DROPOUT as DROPOUT
 from fedjax_semi.engine.keys import FEDFOMO_SAMPLE as SAMPLE
 from fedjax_semi.engine.train import (
-    LocalObjective,
-    Schedule,
     evaluate_row,
     local_train,
-    make_optimizer,
 )
 from fedjax_semi.errors import bad
 from fedjax_semi.kernels import fedfomo_weights as fw
@@ -151,16 +148,12 @@ class FomoPlan:
 class FedFomo(Method):
     cfg: FedFomoConfig
     name: str = "fedfomo"
-    roles: tuple[str, ...] = ("labeled", "target_labeled", "target_unlabeled", "test")
+    roles: tuple[str, ...] = TARGET_TASK_ROLES
     oracle: bool = False
     has_global_model: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        c = self.cfg
-        self.objective = LocalObjective(self.model)
-        self.tx = make_optimizer(c.optimizer, c.lr, c.momentum, c.weight_decay)
-        self.schedule = Schedule(c.batch_size, c.local_epochs, 0)
         self.evaluator = common.client_evaluator(self.model, per_client=True)
 
     # ------------------------------------------------------------------ state
