@@ -1,6 +1,6 @@
 """What DoFed-SPP and its baselines share on DoFed-SPP's tasks (Ching et al., IEEE TSC 2023):
-which role tables play D_train, D_lab and D_unl, the classification evaluation of Sec. 6.1, the
-DoFed-SPP's config, and the low-rank model copy."""
+which role tables play D_train, D_lab and D_unl, the classification evaluation of Sec. 6.1;
+and DoFed-SPP's own client rows, config and low-rank model copy."""
 
 from __future__ import annotations
 
