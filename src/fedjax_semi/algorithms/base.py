@@ -21,13 +21,15 @@ from typing import Any, ClassVar, Protocol
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import struct
 
 from fedjax_semi.config import AlgorithmConfig, SystemsConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import select_cohort
+from fedjax_semi.engine.keys import client_key
 from fedjax_semi.engine.state import FLState
-from fedjax_semi.engine.train import LocalObjective, Schedule, make_optimizer
+from fedjax_semi.engine.train import LocalObjective, Schedule, local_train, make_optimizer
 from fedjax_semi.errors import bad
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
@@ -142,6 +144,44 @@ class Method(Capabilities):
         self.model_mb = wireless.model_size_mb(wireless.param_count(self.template["params"]))
         self.uplink = Uplink.from_config(self.systems, self.model_mb)
         self.compute = Compute.from_config(self.systems)
+
+    def train_client(
+        self,
+        variables: PyTree,
+        table: RoleTable,
+        shared: RoundShared,
+        client: jax.Array,
+        streams: tuple[int, int],
+        *,
+        rnd: jax.Array | int | None = None,
+        opt_state: PyTree | None = None,
+        tx: optax.GradientTransformation | None = None,
+        schedule: Schedule | None = None,
+        **kw: Any,
+    ) -> tuple[PyTree, PyTree, dict]:
+        """`local_train` of one client from `variables` on `table` (rows of shared.x, shared.y):
+        the method's objective, optimizer (a fresh state unless `opt_state`) and schedule, and
+        the batch-sampling and dropout keys client_key(shared.key, stream, rnd, client) of the
+        two `streams` (rnd defaults to shared.round). `tx` and `schedule` replace the method's
+        for a second model (DoFed-SPP's student); other keywords go to `local_train`.
+        -> (variables, optimizer state, stats)."""
+        tx = self.tx if tx is None else tx
+        opt = tx.init(variables["params"]) if opt_state is None else opt_state
+        t = shared.round if rnd is None else rnd
+        sample, dropout = streams
+        return local_train(
+            self.objective,
+            tx,
+            variables,
+            opt,
+            shared.x,
+            shared.y,
+            table,
+            self.schedule if schedule is None else schedule,
+            client_key(shared.key, sample, t, client),
+            client_key(shared.key, dropout, t, client),
+            **kw,
+        )
 
 
 def _client_finite(stacked) -> jax.Array:

@@ -40,16 +40,15 @@ from flax import struct
 from fedjax_semi.algorithms.base import (
     FLState,
     Mapper,
-    Method,
     RoundShared,
     cohort_metrics,
     register,
 )
 from fedjax_semi.algorithms.dofed_task import (
-    TARGET_TASK_ROLES,
     DoFedInputs,
     DoFedSPPConfig,
     DoFedWarmupInputs,
+    TargetTaskMethod,
     check_selection_k,
     client_evaluator,
     data_roles,
@@ -71,7 +70,6 @@ from fedjax_semi.engine.keys import (
 from fedjax_semi.engine.train import (
     Schedule,
     evaluate_row,
-    local_train,
     make_optimizer,
 )
 from fedjax_semi.errors import ConfigError
@@ -106,11 +104,9 @@ class DoFedPlan:
 
 
 @dataclasses.dataclass
-class DoFedSPP(Method):
+class DoFedSPP(TargetTaskMethod):
     cfg: DoFedSPPConfig
     name: str = "dofed_spp"
-    roles: tuple[str, ...] = TARGET_TASK_ROLES
-    oracle: bool = False
     has_global_model: bool = False
 
     def __post_init__(self) -> None:
@@ -210,17 +206,9 @@ class DoFedSPP(Method):
         cid = inp.id
 
         def one_round(variables, r):
-            variables, _, stats = local_train(
-                self.objective,
-                self.tx,
-                variables,
-                self.tx.init(variables["params"]),
-                shared.x,
-                shared.y,
-                inp.train,
-                self.schedule,
-                client_key(shared.key, WARM_SAMPLE, r, cid),
-                client_key(shared.key, WARM_DROPOUT, r, cid),
+            streams = (WARM_SAMPLE, WARM_DROPOUT)
+            variables, _, stats = self.train_client(
+                variables, inp.train, shared, cid, streams, rnd=r
             )
             return variables, stats["loss"]
 
@@ -327,7 +315,7 @@ class DoFedSPP(Method):
         Returns tar, rec, the student's loss and steps, rec_loss, and pl_index / pl_label [Du]
         (-1 on padding) for the host-side labeling accuracy.
         """
-        cid, t, x, y = inp.id, shared.round, shared.x, shared.y
+        cid, x, y = inp.id, shared.x, shared.y
         train, lab, unl = inp.train, inp.lab, inp.unl
         unl_mask = jnp.arange(unl.idx.shape[0]) < unl.count
         lab_mask = jnp.arange(lab.idx.shape[0]) < lab.count
@@ -345,33 +333,19 @@ class DoFedSPP(Method):
         )
         order = jnp.argsort(~mask[0], stable=True)
         idx = jnp.concatenate([unl.idx, lab.idx])[order]
-        tar, _, st_tar = local_train(
-            self.objective,
-            self.tx_tar,
+        tar, _, st_tar = self.train_client(
             inp.tar,
-            self.tx_tar.init(inp.tar["params"]),
-            x,
-            y,
             RoleTable(idx, unl.count + lab.count),
-            self.schedule_tar,
-            client_key(shared.key, TAR_SAMPLE, t, cid),
-            client_key(shared.key, TAR_DROPOUT, t, cid),
+            shared,
+            cid,
+            (TAR_SAMPLE, TAR_DROPOUT),
+            tx=self.tx_tar,
+            schedule=self.schedule_tar,
             extras={"y": labels[0][order]},  # replaces the batch labels: pseudo + true
         )
 
         # Phase 4 (line 33): one round of local reciprocal training on D_train.
-        rec, _, st_rec = local_train(
-            self.objective,
-            self.tx,
-            inp.rec,
-            self.tx.init(inp.rec["params"]),
-            x,
-            y,
-            train,
-            self.schedule,
-            client_key(shared.key, REC_SAMPLE, t, cid),
-            client_key(shared.key, REC_DROPOUT, t, cid),
-        )
+        rec, _, st_rec = self.train_client(inp.rec, train, shared, cid, (REC_SAMPLE, REC_DROPOUT))
         return {
             "tar": tar,
             "rec": rec,

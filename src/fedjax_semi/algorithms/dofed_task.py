@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedjax_semi.algorithms.base import FLState, Mapper, client_accuracy
+from fedjax_semi.algorithms.base import FLState, Mapper, Method, client_accuracy
 from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable
 from fedjax_semi.engine.train import evaluate_row
@@ -83,6 +83,16 @@ def evaluate_clients(
         "test_loss": out["client_loss"],
         "cls_acc_on_unl": out["unl_mean"],
     }
+
+
+@dataclasses.dataclass
+class TargetTaskMethod(Method):
+    """DoFed-SPP and its baselines FedFomo and FedBE: they read D_train, D_lab, D_unl and the
+    target test split (TARGET_TASK_ROLES; a generic labeled/unlabeled/test partition also runs)
+    and never the hidden labels."""
+
+    roles: tuple[str, ...] = TARGET_TASK_ROLES
+    oracle: bool = False
 
 
 # ----------------------------------------------------------------------------- DoFed-SPP's rows

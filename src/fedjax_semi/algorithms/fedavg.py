@@ -52,7 +52,6 @@ from fedjax_semi.engine.train import (
     LocalObjective,
     evaluate_indices,
     evaluate_row,
-    local_train,
 )
 from fedjax_semi.errors import bad
 from fedjax_semi.systems import wireless
@@ -207,18 +206,13 @@ class FedAvgFamily(Method):
         variables = shared.models
         if self.personal:
             variables = aggregate.merge(variables, inp.personal, self.mask)
-        opt = inp.opt if c.persist_optimizer else self.tx.init(variables["params"])
-        new_vars, new_opt, stats = local_train(
-            self.objective,
-            self.tx,
+        new_vars, new_opt, stats = self.train_client(
             variables,
-            opt,
-            shared.x,
-            shared.y,
             inp.table,
-            self.schedule,
-            client_key(shared.key, SAMPLE, rnd, cid),
-            client_key(shared.key, DROPOUT, rnd, cid),
+            shared,
+            cid,
+            (SAMPLE, DROPOUT),
+            opt_state=inp.opt if c.persist_optimizer else None,
             anchor=shared.models["params"],
             utable=inp.utable,
             unlabeled_batch=self.unlabeled_batch,

@@ -40,12 +40,11 @@ from fedjax_semi.algorithms.base import (
     ClientTable,
     FLState,
     Mapper,
-    Method,
     RoundShared,
     cohort_metrics,
     register,
 )
-from fedjax_semi.algorithms.dofed_task import TARGET_TASK_ROLES, data_roles
+from fedjax_semi.algorithms.dofed_task import TargetTaskMethod, data_roles
 from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine import aggregate
@@ -268,11 +267,9 @@ def pool_logits(model: Model, variables: PyTree, x: jax.Array, idx: jax.Array, b
 
 
 @dataclasses.dataclass
-class FedBE(Method):
+class FedBE(TargetTaskMethod):
     cfg: FedBEConfig
     name: str = "fedbe"
-    roles: tuple[str, ...] = TARGET_TASK_ROLES
-    oracle: bool = False
     has_global_model: bool = True
 
     def __post_init__(self) -> None:
@@ -321,20 +318,9 @@ class FedBE(Method):
 
     def client_update(self, inp: ClientTable, shared: RoundShared) -> dict:
         """Local SGD from the global model on D_train + D_lab (inp: id [], table row)."""
-        cid, t = inp.id, shared.round
+        cid = inp.id
         w = shared.models
-        new, _, stats = local_train(
-            self.objective,
-            self.tx,
-            w,
-            self.tx.init(w["params"]),
-            shared.x,
-            shared.y,
-            inp.table,
-            self.schedule,
-            client_key(shared.key, SAMPLE, t, cid),
-            client_key(shared.key, DROPOUT, t, cid),
-        )
+        new, _, stats = self.train_client(w, inp.table, shared, cid, (SAMPLE, DROPOUT))
         return {
             "vars": new,
             "weight": inp.table.count.astype(jnp.float32),

@@ -39,12 +39,11 @@ from fedjax_semi.algorithms import dofed_baselines as common
 from fedjax_semi.algorithms.base import (
     FLState,
     Mapper,
-    Method,
     RoundShared,
     cohort_metrics,
     register,
 )
-from fedjax_semi.algorithms.dofed_task import TARGET_TASK_ROLES, data_roles
+from fedjax_semi.algorithms.dofed_task import TargetTaskMethod, data_roles
 from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import broadcast, gather, scatter
@@ -53,7 +52,6 @@ from fedjax_semi.engine.keys import FEDFOMO_DROPOUT as DROPOUT
 from fedjax_semi.engine.keys import FEDFOMO_SAMPLE as SAMPLE
 from fedjax_semi.engine.train import (
     evaluate_row,
-    local_train,
 )
 from fedjax_semi.errors import bad
 from fedjax_semi.kernels import fedfomo_weights as fw
@@ -145,11 +143,9 @@ class FomoPlan:
 
 
 @dataclasses.dataclass
-class FedFomo(Method):
+class FedFomo(TargetTaskMethod):
     cfg: FedFomoConfig
     name: str = "fedfomo"
-    roles: tuple[str, ...] = TARGET_TASK_ROLES
-    oracle: bool = False
     has_global_model: bool = False
 
     def __post_init__(self) -> None:
@@ -228,7 +224,7 @@ class FedFomo(Method):
         Returns the new model, the raw weights [M] (for the affinity), the normalized ones [M],
         whether every weight was 0, the losses and steps.
         """
-        cid, t, x, y = inp.id, shared.round, shared.x, shared.y
+        cid, x, y = inp.id, shared.x, shared.y
         own = inp.own
         models = gather(shared.models, inp.ids)  # [M] downloaded models
 
@@ -241,18 +237,7 @@ class FedFomo(Method):
         raw = fw.fedfomo_raw_weights(*args, eps=self.cfg.sr_eps)
 
         mixed = fomo_update(own, models, w[0])
-        new, _, stats = local_train(
-            self.objective,
-            self.tx,
-            mixed,
-            self.tx.init(mixed["params"]),
-            x,
-            y,
-            inp.train,
-            self.schedule,
-            client_key(shared.key, SAMPLE, t, cid),
-            client_key(shared.key, DROPOUT, t, cid),
-        )
+        new, _, stats = self.train_client(mixed, inp.train, shared, cid, (SAMPLE, DROPOUT))
         return {
             "vars": new,
             "raw": raw[0],

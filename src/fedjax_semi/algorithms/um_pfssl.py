@@ -141,17 +141,9 @@ class UMPFSSL(FedAvgFamily):
     def warmup_client(self, inp: ClientTable, shared: RoundShared) -> PyTree:
         k = inp.id
         variables = jax.tree.map(lambda a: a[k], shared.models)
-        new, _, _ = local_train(
-            self.objective,
-            self.tx,
-            variables,
-            self.tx.init(variables["params"]),
-            shared.x,
-            shared.y,
-            inp.table,
-            Schedule(self.cfg.batch_size, self.cfg.warmup_epochs, 0),
-            client_key(shared.key, WARMUP, 0, k),
-            client_key(shared.key, DROPOUT, 0, k),
+        warm = Schedule(self.cfg.batch_size, self.cfg.warmup_epochs, 0)
+        new, _, _ = self.train_client(
+            variables, inp.table, shared, k, (WARMUP, DROPOUT), rnd=0, schedule=warm
         )
         return new
 
