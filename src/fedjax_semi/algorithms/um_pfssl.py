@@ -298,7 +298,7 @@ class UMPFSSL(FedAvgFamily):
             keep = confidence >= c.pl_threshold
 
         # g. TRAIN on D_k with the mu-weighted joint loss, or alternating CE and KL passes.
-        new_vars, stats = self.train_client(agg, inp, shared, y_hat, keep, mu)
+        new_vars, stats = self.train_personal(agg, inp, shared, y_hat, keep, mu)
         nu_max = unl.idx.shape[0]
         unl_mask = jnp.arange(nu_max) < n_u
         return {
@@ -332,7 +332,7 @@ class UMPFSSL(FedAvgFamily):
             ),
         }
 
-    def train_client(self, agg, inp, shared, y_hat, keep, mu):
+    def train_personal(self, agg, inp, shared, y_hat, keep, mu):
         """E local epochs from the aggregated model (docs/choices.md, UM-pFSSL A3); momentum
         starts fresh (A22 there). Unlabeled samples with keep [Nu] false (below pl_threshold) get
         weight 0.
