@@ -53,15 +53,18 @@ def _name(func: ast.expr) -> str | None:
 def test_every_stream_constant_comes_from_engine_keys():
     """Every purpose passed to client_key / round_key, and every constant folded in with
     fold_in, is a name imported from engine.keys; a purpose may also be a parameter of the
-    enclosing function when every call of that function in the module passes such a name.
-    No other module defines a constant named like a purpose."""
+    enclosing function when every call of that function, in any module, passes such a name
+    there. No other module defines a constant named like a purpose."""
     bad, sites, modules = [], 0, set()
+    forwarded: dict[str, set[int]] = {}  # function -> positions of its purpose parameters
+    trees = {}
     for path in sorted(SRC.rglob("*.py")):
         if path == SRC / "engine" / "keys.py":
             continue
         rel = path.relative_to(SRC)
         tree = ast.parse(path.read_text())
         imported = _keys_imports(tree)
+        trees[rel] = (tree, imported)
         for node in tree.body:  # module-level integer constants named like a purpose
             targets = node.targets if isinstance(node, ast.Assign) else []
             value = getattr(node, "value", None)
@@ -72,7 +75,6 @@ def test_every_stream_constant_comes_from_engine_keys():
                     if isinstance(n, ast.Name) and n.id in keys.PURPOSES:
                         bad.append(f"{rel}:{node.lineno} defines {n.id}")
         parent = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
-        forwarded = {}  # function name -> index of its purpose parameter among call args
         for call in ast.walk(tree):
             if not isinstance(call, ast.Call):
                 continue
@@ -91,14 +93,19 @@ def test_every_stream_constant_comes_from_engine_keys():
                 fn = parent.get(fn)
             params = [a.arg for a in fn.args.args] if fn is not None else []
             if name in KEY_FUNCS and isinstance(arg, ast.Name) and arg.id in params:
-                forwarded[fn.name] = params.index(arg.id) - (params[:1] == ["self"])
+                pos = params.index(arg.id) - (params[:1] == ["self"])
+                forwarded.setdefault(fn.name, set()).add(pos)
                 continue
             bad.append(f"{rel}:{call.lineno} {name}(..., {ast.unparse(arg)}, ...)")
-        for call in ast.walk(tree):  # callers of functions that forward a purpose
-            if isinstance(call, ast.Call) and _name(call.func) in forwarded:
-                arg = call.args[forwarded[_name(call.func)]]
+    for rel, (tree, imported) in trees.items():  # callers of functions that forward a purpose
+        for call in ast.walk(tree):
+            if not (isinstance(call, ast.Call) and _name(call.func) in forwarded):
+                continue
+            for pos in sorted(forwarded[_name(call.func)]):
+                arg = call.args[pos] if pos < len(call.args) else None
                 if not (isinstance(arg, ast.Name) and arg.id in imported):
-                    bad.append(f"{rel}:{call.lineno} passes purpose {ast.unparse(arg)}")
+                    shown = "nothing positional" if arg is None else ast.unparse(arg)
+                    bad.append(f"{rel}:{call.lineno} passes purpose {shown}")
                 sites += 1
     assert not bad, "\n".join(bad)
     # the scan saw the call sites it is meant to check

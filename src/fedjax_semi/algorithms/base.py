@@ -151,7 +151,8 @@ class Method(Capabilities):
         table: RoleTable,
         shared: RoundShared,
         client: jax.Array,
-        streams: tuple[int, int],
+        sample: int,
+        dropout: int,
         *,
         rnd: jax.Array | int | None = None,
         opt_state: PyTree | None = None,
@@ -161,14 +162,13 @@ class Method(Capabilities):
     ) -> tuple[PyTree, PyTree, dict]:
         """`local_train` of one client from `variables` on `table` (rows of shared.x, shared.y):
         the method's objective, optimizer (a fresh state unless `opt_state`) and schedule, and
-        the batch-sampling and dropout keys client_key(shared.key, stream, rnd, client) of the
-        two `streams` (rnd defaults to shared.round). `tx` and `schedule` replace the method's
+        the keys client_key(shared.key, purpose, rnd, client) of the `sample` (batches) and
+        `dropout` purposes (rnd defaults to shared.round). `tx` and `schedule` replace the method's
         for a second model (DoFed-SPP's student); other keywords go to `local_train`.
         -> (variables, optimizer state, stats)."""
         tx = self.tx if tx is None else tx
         opt = tx.init(variables["params"]) if opt_state is None else opt_state
         t = shared.round if rnd is None else rnd
-        sample, dropout = streams
         return local_train(
             self.objective,
             tx,

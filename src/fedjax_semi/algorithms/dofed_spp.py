@@ -206,9 +206,8 @@ class DoFedSPP(TargetTaskMethod):
         cid = inp.id
 
         def one_round(variables, r):
-            streams = (WARM_SAMPLE, WARM_DROPOUT)
             variables, _, stats = self.train_client(
-                variables, inp.train, shared, cid, streams, rnd=r
+                variables, inp.train, shared, cid, WARM_SAMPLE, WARM_DROPOUT, rnd=r
             )
             return variables, stats["loss"]
 
@@ -338,14 +337,15 @@ class DoFedSPP(TargetTaskMethod):
             RoleTable(idx, unl.count + lab.count),
             shared,
             cid,
-            (TAR_SAMPLE, TAR_DROPOUT),
+            TAR_SAMPLE,
+            TAR_DROPOUT,
             tx=self.tx_tar,
             schedule=self.schedule_tar,
             extras={"y": labels[0][order]},  # replaces the batch labels: pseudo + true
         )
 
         # Phase 4 (line 33): one round of local reciprocal training on D_train.
-        rec, _, st_rec = self.train_client(inp.rec, train, shared, cid, (REC_SAMPLE, REC_DROPOUT))
+        rec, _, st_rec = self.train_client(inp.rec, train, shared, cid, REC_SAMPLE, REC_DROPOUT)
         return {
             "tar": tar,
             "rec": rec,

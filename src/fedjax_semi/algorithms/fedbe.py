@@ -320,7 +320,7 @@ class FedBE(TargetTaskMethod):
         """Local SGD from the global model on D_train + D_lab (inp: id [], table row)."""
         cid = inp.id
         w = shared.models
-        new, _, stats = self.train_client(w, inp.table, shared, cid, (SAMPLE, DROPOUT))
+        new, _, stats = self.train_client(w, inp.table, shared, cid, SAMPLE, DROPOUT)
         return {
             "vars": new,
             "weight": inp.table.count.astype(jnp.float32),

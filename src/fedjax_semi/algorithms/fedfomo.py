@@ -237,7 +237,7 @@ class FedFomo(TargetTaskMethod):
         raw = fw.fedfomo_raw_weights(*args, eps=self.cfg.sr_eps)
 
         mixed = fomo_update(own, models, w[0])
-        new, _, stats = self.train_client(mixed, inp.train, shared, cid, (SAMPLE, DROPOUT))
+        new, _, stats = self.train_client(mixed, inp.train, shared, cid, SAMPLE, DROPOUT)
         return {
             "vars": new,
             "raw": raw[0],

@@ -143,7 +143,7 @@ class UMPFSSL(FedAvgFamily):
         variables = jax.tree.map(lambda a: a[k], shared.models)
         warm = Schedule(self.cfg.batch_size, self.cfg.warmup_epochs, 0)
         new, _, _ = self.train_client(
-            variables, inp.table, shared, k, (WARMUP, DROPOUT), rnd=0, schedule=warm
+            variables, inp.table, shared, k, WARMUP, DROPOUT, rnd=0, schedule=warm
         )
         return new
 
