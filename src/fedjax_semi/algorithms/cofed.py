@@ -76,6 +76,7 @@ class CoFEDConfig(AlgorithmConfig):
     conflict: str = "drop_in_client"  # drop_in_client (Sec. 4.3) | drop_global | max_ratio
     vote_weights: str = "uniform"  # uniform (Alg. 1) | data_size (Sec. 4.6's credibility)
     model_pool: str = "table1"  # table1 (Table 1, round-robin) | random_cnn | single
+    table1_models: int = 10  # table1: the first n of Table 1's ten models
     update_epochs: int = 30
     update_batch_size: int = 1000  # Sec. 5.2
     update_lr: float = 1.0e-3
@@ -91,6 +92,8 @@ class CoFEDConfig(AlgorithmConfig):
         check_choice("algorithm.vote_weights", self.vote_weights, VOTE_WEIGHTS)
         check_choice("algorithm.model_pool", self.model_pool, pool.POOLS)
         check_choice("algorithm.update_init", self.update_init, UPDATE_INITS)
+        if not 1 <= self.table1_models <= len(pool.TABLE1):
+            raise bad("algorithm.table1_models", self.table1_models, "an integer in [1, 10]")
         for key in ("update_epochs", "update_batch_size", "predict_batch"):
             if getattr(self, key) < 1:
                 raise bad(f"algorithm.{key}", getattr(self, key), "an integer >= 1")
@@ -147,7 +150,9 @@ class CoFED(Method):
     def __post_init__(self) -> None:
         super().__post_init__()
         c = self.cfg
-        filters, assign = pool.pool_filters(c.model_pool, self.num_clients, self.data_seed)
+        filters, assign = pool.pool_filters(
+            c.model_pool, self.num_clients, self.data_seed, table1_models=c.table1_models
+        )
         self.filters = filters
         self.models = pool.make_pool_models(self.model, filters)
         self.members = tuple(jnp.asarray(m, jnp.int32) for m in pool.group_members(assign, len(filters)))

@@ -91,12 +91,18 @@ def random_filters(seed: int, n: int) -> tuple[Filters, ...]:
 
 
 def pool_filters(
-    pool: str, num_clients: int, seed: int, single: Filters = (24, 40, 56)
+    pool: str,
+    num_clients: int,
+    seed: int,
+    single: Filters = (24, 40, 56),
+    table1_models: int = len(TABLE1),
 ) -> tuple[tuple[Filters, ...], np.ndarray]:
     """The distinct architectures of a pool and each client's one.
 
-    * ``"table1"``: Table 1's Models 1-10 round-robin, client ``i`` -> model ``i % 10`` (only
-      the first ``num_clients`` form groups when there are fewer than 10 clients).
+    * ``"table1"``: Table 1's Models 1-``table1_models`` (default all 10) round-robin, client
+      ``i`` -> model ``i % table1_models`` (only the first ``num_clients`` form groups when
+      there are fewer clients). Fewer models mean fewer, wider groups: fewer programs to
+      compile, wider vmaps.
     * ``"random_cnn"``: one :func:`random_filters` draw per client; clients that drew equal
       filters share a group (groups in order of first appearance).
     * ``"single"``: every client has ``single`` (default Table 1's Model 4, the one shared
@@ -110,8 +116,10 @@ def pool_filters(
         ConfigError: naming ``algorithm.model_pool`` for an unknown ``pool``.
     """
     if pool == "table1":
-        groups = TABLE1[: min(num_clients, len(TABLE1))]
-        return groups, (np.arange(num_clients) % len(TABLE1)).astype(np.int32)
+        if not 1 <= table1_models <= len(TABLE1):
+            raise bad("algorithm.table1_models", table1_models, f"an integer in [1, {len(TABLE1)}]")
+        groups = TABLE1[: min(num_clients, table1_models)]
+        return groups, (np.arange(num_clients) % table1_models).astype(np.int32)
     if pool == "single":
         return (tuple(single),), np.zeros(num_clients, np.int32)
     if pool == "random_cnn":
