@@ -1,8 +1,8 @@
-"""CoFED end to end on a tiny cofed partition of digits (8x8): N = 6 participants with 3-4 of the
-10 classes, in two architecture groups (Table 1's Models 1 and 2: two and three conv layers). The protocol against a NumPy replay of the center, the
-grouped program against the reference loop, hidden labels, the uplink, alpha = 1, the metrics
-and bad input. The voting kernels themselves: test_voting.py; the model pool:
-test_model_pool.py."""
+"""CoFED end to end on a tiny cofed partition of digits (8x8): N = 6 participants with 3-4 of
+the 10 classes, in two architecture groups (Table 1's Models 1 and 2: two and three conv
+layers). The protocol against a NumPy replay of the center, the grouped program against the
+reference loop, hidden labels, the uplink, alpha bounds, the metrics and bad input. The voting
+kernels themselves: test_voting.py; the model pool: test_model_pool.py."""
 
 from __future__ import annotations
 
@@ -125,9 +125,13 @@ def test_grouped_program_equals_reference_loop(exp, ran):
     _, new, m_all, ev_all = ran
     for backend, chunk in (("reference", 1),):
         old2, new2, m2, ev2 = one_round(exp, backend, chunk)
-        np.testing.assert_array_equal(np.asarray(ran[0].extra["preds"]), np.asarray(old2.extra["preds"]))
+        np.testing.assert_array_equal(
+            np.asarray(ran[0].extra["preds"]), np.asarray(old2.extra["preds"])
+        )
         np.testing.assert_array_equal(np.asarray(m_all["pl_label"]), np.asarray(m2["pl_label"]))
-        for a, b in zip(jax.tree.leaves(new.client_vars), jax.tree.leaves(new2.client_vars), strict=True):
+        for a, b in zip(
+            jax.tree.leaves(new.client_vars), jax.tree.leaves(new2.client_vars), strict=True
+        ):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-4, rtol=1e-3)
         np.testing.assert_allclose(
             np.asarray(ev_all["client_acc"]), np.asarray(ev2["client_acc"]), atol=0.02
@@ -139,7 +143,9 @@ def test_hidden_labels_never_reach_training(exp, ran):
     rng = np.random.default_rng(0)
     corrupt = jnp.asarray(rng.integers(0, 10, exp.fed.eval_y.shape), jnp.int32)
     _, new2, m2, _ = one_round(exp, fed=exp.fed.with_hidden_labels(corrupt))
-    for a, b in zip(jax.tree.leaves(new.client_vars), jax.tree.leaves(new2.client_vars), strict=True):
+    for a, b in zip(
+        jax.tree.leaves(new.client_vars), jax.tree.leaves(new2.client_vars), strict=True
+    ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     np.testing.assert_array_equal(np.asarray(metrics["pl_label"]), np.asarray(m2["pl_label"]))
 
@@ -156,7 +162,9 @@ def test_relative_accuracy_is_the_mean_of_ratios(ran):
 
 def test_local_models_are_kept_and_scored_before_the_round(ran):
     state, new, _, _ = ran
-    for a, b in zip(jax.tree.leaves(state.client_vars), jax.tree.leaves(new.extra["local"]), strict=True):
+    for a, b in zip(
+        jax.tree.leaves(state.client_vars), jax.tree.leaves(new.extra["local"]), strict=True
+    ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -258,5 +266,7 @@ def test_pfedavg_personalizes_inside_label_spaces():
     # Fine-tuning changes the scores (a fine-tune of 0 epochs scores the global model).
     cfg0 = dataclasses.replace(exp.alg.cfg, finetune_epochs=0)
     alg0 = type(exp.alg)(cfg0, exp.model, N, N)
-    ev0 = alg0.evaluate(state, exp.fed, lambda f, xs, *s: jax.vmap(f, in_axes=(0,) + (None,) * len(s))(xs, *s))
+    ev0 = alg0.evaluate(
+        state, exp.fed, lambda f, xs, *s: jax.vmap(f, in_axes=(0,) + (None,) * len(s))(xs, *s)
+    )
     assert not np.array_equal(np.asarray(ev0["client_acc"]), acc)

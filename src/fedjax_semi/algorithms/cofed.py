@@ -135,7 +135,9 @@ def combined_table(private: RoleTable, y, public: jax.Array, keep, label):
     valid = jnp.concatenate([private.mask, keep], 1)
     order = jnp.argsort(~valid, axis=1, stable=True)
     table = RoleTable(jnp.take_along_axis(idx, order, 1), private.count + keep.sum(1))
-    return table, jnp.where(jnp.take_along_axis(valid, order, 1), jnp.take_along_axis(labels, order, 1), -1)
+    return table, jnp.where(
+        jnp.take_along_axis(valid, order, 1), jnp.take_along_axis(labels, order, 1), -1
+    )
 
 
 @dataclasses.dataclass
@@ -155,7 +157,9 @@ class CoFED(Method):
         )
         self.filters = filters
         self.models = pool.make_pool_models(self.model, filters)
-        self.members = tuple(jnp.asarray(m, jnp.int32) for m in pool.group_members(assign, len(filters)))
+        self.members = tuple(
+            jnp.asarray(m, jnp.int32) for m in pool.group_members(assign, len(filters))
+        )
         self.update_tx = make_optimizer(c.optimizer, c.update_lr, c.momentum, c.weight_decay)
         self.update_schedule = Schedule(c.update_batch_size, c.update_epochs, 0)
         self.k = self.model.num_classes
@@ -170,7 +174,11 @@ class CoFED(Method):
     def init(self, key: jax.Array, fed: FederatedData) -> FLState:
         public = fed.server.get("public")
         if public is None or public.shape[0] == 0:
-            raise bad("partition.scheme", "(no public set)", "a partition with a non-empty public set: partition=cofed")
+            raise bad(
+                "partition.scheme",
+                "(no public set)",
+                "a partition with a non-empty public set: partition=cofed",
+            )
         groups = tuple(self._init_group(g, key) for g in range(len(self.models)))
         owns = label_spaces(fed.y, fed.roles["labeled"], self.k)  # visible labels only
         m = public.shape[0]
@@ -247,7 +255,9 @@ class CoFED(Method):
         accept = voting.consensus_votes(preds, owns, c.alpha, weights, threshold_op=c.threshold_op)
         count, total = voting.vote_counts(preds, owns, weights)
         keep, label = voting.distribute(accept, owns, conflict=c.conflict, count=count, total=total)
-        table, labels = combined_table(data.roles["labeled"], data.y, data.server["public"], keep, label)
+        table, labels = combined_table(
+            data.roles["labeled"], data.y, data.server["public"], keep, label
+        )
         start = state.client_vars
         if c.update_init == "scratch":
             start = tuple(self._init_group(g, key) for g in range(len(self.models)))

@@ -48,9 +48,7 @@ class PFedAvgConfig(FedAvgConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 2 <= len(self.architecture) <= 3 or min(self.architecture) < 1:
-            raise bad(
-                "algorithm.architecture", self.architecture, "2 or 3 conv widths, each >= 1"
-            )
+            raise bad("algorithm.architecture", self.architecture, "2 or 3 conv widths, each >= 1")
         if self.finetune_epochs < 0:
             raise bad("algorithm.finetune_epochs", self.finetune_epochs, "an integer >= 0")
         if not self.finetune_lr > 0:

@@ -36,7 +36,9 @@ def _kmeans(z: np.ndarray, k: int, rng: np.random.Generator, iters: int = 25) ->
     cent = np.asarray(cent)
     for _ in range(iters):
         assign = np.argmin(((z[:, None, :] - cent[None]) ** 2).sum(-1), axis=1)
-        new = np.stack([z[assign == j].mean(0) if (assign == j).any() else cent[j] for j in range(k)])
+        new = np.stack(
+            [z[assign == j].mean(0) if (assign == j).any() else cent[j] for j in range(k)]
+        )
         if np.allclose(new, cent):
             break
         cent = new
