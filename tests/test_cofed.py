@@ -270,3 +270,32 @@ def test_pfedavg_personalizes_inside_label_spaces():
         state, exp.fed, lambda f, xs, *s: jax.vmap(f, in_axes=(0,) + (None,) * len(s))(xs, *s)
     )
     assert not np.array_equal(np.asarray(ev0["client_acc"]), acc)
+
+
+def test_center_knobs_from_the_state_equal_the_config(exp, ran):
+    """A sweep's with_center(state, alpha, size) plans exactly what a run configured with
+    algorithm.alpha=alpha, algorithm.public_size=size plans (Steps 1-2 do not depend on them),
+    and a smaller public_size uses a subset of the larger one's rows (nested sizes)."""
+    state, data, key = ran[0], exp.fed.train_view(), jax.random.PRNGKey(0)
+    m = int(state.extra["preds"].shape[1])
+    used = {}
+    for alpha, size in ((0.5, 0), (0.3, m // 2), (0.3, m // 4)):
+        cfg = dataclasses.replace(exp.alg.cfg, alpha=alpha, public_size=size)
+        configured = dataclasses.replace(exp.alg, cfg=cfg)
+        fresh = configured.init(jax.random.PRNGKey(exp.cfg.seed), exp.fed)
+        want = state.replace(
+            extra={**state.extra, **{k: fresh.extra[k] for k in ("alpha", "public_size")}}
+        )
+        plan_a, _, _ = configured.prepare(want, data, key)
+        plan_b, _, _ = exp.alg.prepare(exp.alg.with_center(state, alpha, size), data, key)
+        for a, b in zip(jax.tree.leaves(plan_a), jax.tree.leaves(plan_b), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        used[size] = np.asarray(plan_b.accept).any(1)
+    assert not (used[m // 4] & ~used[m // 2]).any()  # nested
+    assert used[m // 2].sum() <= m // 2
+
+
+def test_public_size_beyond_the_public_set_is_refused(exp):
+    cfg = dataclasses.replace(exp.alg.cfg, public_size=10**6)
+    with pytest.raises(ConfigError, match="algorithm.public_size=1000000"):
+        dataclasses.replace(exp.alg, cfg=cfg).init(jax.random.PRNGKey(0), exp.fed)

@@ -28,14 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedjax_semi.algorithms.base import (
-    FLState,
-    Mapper,
-    Method,
-    RoundShared,
-    clients_finite,
-    register,
-)
+from fedjax_semi.algorithms.base import FLState, Mapper, Method, clients_finite, register
 from fedjax_semi.algorithms.label_spaces import (
     fit_in_space,
     label_spaces,
@@ -49,10 +42,12 @@ from fedjax_semi.engine.clients import map_groups
 from fedjax_semi.engine.keys import (
     COFED_LOCAL_DROPOUT,
     COFED_LOCAL_SAMPLE,
+    COFED_PUBLIC_ORDER,
     COFED_UPDATE_DROPOUT,
     COFED_UPDATE_SAMPLE,
     INIT,
     client_key,
+    round_key,
 )
 from fedjax_semi.engine.train import Schedule, make_optimizer
 from fedjax_semi.errors import bad, check_choice
@@ -81,7 +76,10 @@ class CoFEDConfig(AlgorithmConfig):
     update_batch_size: int = 1000  # Sec. 5.2
     update_lr: float = 1.0e-3
     update_init: str = "warm"  # warm (from the local model) | scratch
-    predict_batch: int = 2048  # public rows a participant labels at a time
+    predict_batch: int = 500  # rows a participant labels (or is scored on) at a time
+    # Public rows the center votes on: a random subset of this size (nested across sizes, Fig.
+    # 6's sweep); 0 = the whole public set. Participants label every row regardless.
+    public_size: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -97,6 +95,8 @@ class CoFEDConfig(AlgorithmConfig):
         for key in ("update_epochs", "update_batch_size", "predict_batch"):
             if getattr(self, key) < 1:
                 raise bad(f"algorithm.{key}", getattr(self, key), "an integer >= 1")
+        if self.public_size < 0:
+            raise bad("algorithm.public_size", self.public_size, "an integer >= 0 (0 = all)")
         if not self.update_lr > 0:
             raise bad("algorithm.update_lr", self.update_lr, "a number > 0")
 
@@ -111,6 +111,18 @@ class GroupInputs:
     table: RoleTable
     labels: jax.Array
     owns: jax.Array
+
+
+@struct.dataclass
+class PublicShared:
+    """What every participant reads in a phase: the inputs x [D, ...] and visible labels y [D],
+    the public set's rows public [M], the round and the run's key."""
+
+    x: jax.Array
+    y: jax.Array
+    public: jax.Array
+    round: jax.Array
+    key: jax.Array
 
 
 @struct.dataclass
@@ -163,6 +175,11 @@ class CoFED(Method):
         self.update_tx = make_optimizer(c.optimizer, c.update_lr, c.momentum, c.weight_decay)
         self.update_schedule = Schedule(c.update_batch_size, c.update_epochs, 0)
         self.k = self.model.num_classes
+        # One client function per group, made once (the reference loop caches by function).
+        groups = range(len(self.models))
+        self.local_fns = tuple(functools.partial(self._local_client, g) for g in groups)
+        self.update_fns = tuple(functools.partial(self._update_client, g) for g in groups)
+        self.eval_fns = tuple(functools.partial(self._eval_client, g) for g in groups)
 
     # ------------------------------------------------------------------ state
 
@@ -182,6 +199,15 @@ class CoFED(Method):
         groups = tuple(self._init_group(g, key) for g in range(len(self.models)))
         owns = label_spaces(fed.y, fed.roles["labeled"], self.k)  # visible labels only
         m = public.shape[0]
+        if self.cfg.public_size > m:
+            raise bad(
+                "algorithm.public_size",
+                self.cfg.public_size,
+                f"at most the {m} rows of the public set (0 = all of them)",
+            )
+        # The center's knobs live in the state, so one compiled round serves every alpha and
+        # public-set size (a sweep reuses Steps 1-2: `with_center`).
+        rank = jnp.argsort(jax.random.permutation(round_key(key, COFED_PUBLIC_ORDER, 0), m))
         return FLState(
             round=jnp.zeros((), jnp.int32),
             global_vars={},
@@ -192,6 +218,9 @@ class CoFED(Method):
                 "owns": owns,
                 "local": groups,  # the local-only models f_i^loc (Step 1), for Fig. 2's ratio
                 "preds": jnp.full((self.num_clients, m), -1, jnp.int32),  # the uploads
+                "alpha": jnp.float32(self.cfg.alpha),
+                "public_size": jnp.int32(self.cfg.public_size or m),
+                "public_rank": rank.astype(jnp.int32),  # a row is used when rank < size
             },
         )
 
@@ -201,7 +230,7 @@ class CoFED(Method):
 
     # ------------------------------------------------------------------ Step 1, 2
 
-    def _local_client(self, g: int, public: jax.Array, inp: GroupInputs, shared: RoundShared):
+    def _local_client(self, g: int, inp: GroupInputs, shared: PublicShared) -> dict:
         """Step 1 and 2 of one participant: train on D_i, label the public rows [M]."""
         model = self.models[g]
         variables, stats = fit_in_space(
@@ -217,7 +246,7 @@ class CoFED(Method):
             client_key(shared.key, COFED_LOCAL_DROPOUT, 0, inp.id),
         )
         preds = predict_in_space(
-            model, variables, shared.x, public, inp.owns, self.cfg.predict_batch
+            model, variables, shared.x, shared.public, inp.owns, self.cfg.predict_batch
         )
         return {"vars": variables, "preds": preds, **stats}
 
@@ -228,12 +257,8 @@ class CoFED(Method):
             self._group_inputs(g, state.client_vars[g], private, labels, owns)
             for g in range(len(self.models))
         )
-        public = data.server["public"]
-        fns = tuple(
-            functools.partial(self._local_client, g, public) for g in range(len(self.models))
-        )
-        shared = RoundShared(None, data.x, data.y, state.round, key)
-        outs = map_groups(mapper, fns, inputs, shared)
+        shared = PublicShared(data.x, data.y, data.server["public"], state.round, key)
+        outs = map_groups(mapper, self.local_fns, inputs, shared)
         groups = tuple(o["vars"] for o in outs)
         preds = state.extra["preds"]
         for g, o in enumerate(outs):
@@ -252,7 +277,10 @@ class CoFED(Method):
     def prepare(self, state: FLState, data: TrainView, key: jax.Array):
         c, owns, preds = self.cfg, state.extra["owns"], state.extra["preds"]
         weights = self.vote_weights(data)
-        accept = voting.consensus_votes(preds, owns, c.alpha, weights, threshold_op=c.threshold_op)
+        alpha, x = state.extra["alpha"], state.extra
+        in_use = x["public_rank"] < x["public_size"]  # [M]
+        accept = voting.consensus_votes(preds, owns, alpha, weights, threshold_op=c.threshold_op)
+        accept = accept & in_use[:, None]
         count, total = voting.vote_counts(preds, owns, weights)
         keep, label = voting.distribute(accept, owns, conflict=c.conflict, count=count, total=total)
         table, labels = combined_table(
@@ -264,10 +292,10 @@ class CoFED(Method):
         inputs = tuple(
             self._group_inputs(g, start[g], table, labels, owns) for g in range(len(self.models))
         )
-        shared = RoundShared(None, data.x, data.y, state.round, key)
+        shared = PublicShared(data.x, data.y, data.server["public"], state.round, key)
         return CoFEDPlan(accept, keep, label, preds, data.server["public"]), inputs, shared
 
-    def _update_client(self, g: int, inp: GroupInputs, shared: RoundShared) -> dict:
+    def _update_client(self, g: int, inp: GroupInputs, shared: PublicShared) -> dict:
         """Step 4 of one participant: train its model on D_i + R_i."""
         variables, stats = fit_in_space(
             self.models[g],
@@ -284,7 +312,7 @@ class CoFED(Method):
         return {"vars": variables, **stats}
 
     def client_update_for(self, flags: tuple):
-        return tuple(functools.partial(self._update_client, g) for g in range(len(self.models)))
+        return self.update_fns
 
     def client_update(self, inputs, shared):  # the Algorithm protocol; groups use the above
         raise NotImplementedError("CoFED maps one client function per architecture group")
@@ -321,12 +349,24 @@ class CoFED(Method):
         new = state.replace(round=state.round + 1, client_vars=tuple(o["vars"] for o in outs))
         return new, metrics
 
+    def with_center(self, state: FLState, alpha: float, public_size: int = 0) -> FLState:
+        """`state` with other center knobs (after Steps 1-2, which do not depend on them):
+        the round from it equals a run with algorithm.alpha=alpha, algorithm.public_size=..."""
+        m = state.extra["preds"].shape[-1]
+        if not 0 <= alpha <= 1 or not 0 <= public_size <= m:
+            raise bad("with_center", (alpha, public_size), f"alpha in [0, 1], size in [0, {m}]")
+        x = state.extra
+        size = jnp.full_like(x["public_size"], public_size or m)
+        alpha = jnp.full_like(x["alpha"], alpha)
+        return state.replace(extra={**x, "alpha": alpha, "public_size": size})
+
     # ------------------------------------------------------------------ evaluation
 
     def _eval_client(self, g: int, inp: dict, x, labels) -> dict:
         model = self.models[g]
-        fed = score_in_space(model, inp["fed"], x, labels, inp["table"], inp["owns"])
-        loc = score_in_space(model, inp["local"], x, labels, inp["table"], inp["owns"])
+        b = self.cfg.predict_batch
+        fed = score_in_space(model, inp["fed"], x, labels, inp["table"], inp["owns"], b)
+        loc = score_in_space(model, inp["local"], x, labels, inp["table"], inp["owns"], b)
         return {"correct": fed["correct"], "local_correct": loc["correct"], "count": fed["count"]}
 
     def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
@@ -342,8 +382,7 @@ class CoFED(Method):
             }
             for g in range(len(self.models))
         )
-        fns = tuple(functools.partial(self._eval_client, g) for g in range(len(self.models)))
-        outs = map_groups(mapper, fns, xs, fed.x, fed.eval_y)
+        outs = map_groups(mapper, self.eval_fns, xs, fed.x, fed.eval_y)
         count = jnp.maximum(self._in_client_order(outs, "count"), 1).astype(jnp.float32)
         acc = self._in_client_order(outs, "correct") / count
         local = self._in_client_order(outs, "local_correct") / count

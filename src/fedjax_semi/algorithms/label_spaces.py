@@ -103,11 +103,16 @@ def predict_in_space(
 
 
 def score_in_space(
-    model: Model, variables: PyTree, x: jax.Array, labels: jax.Array, table: RoleTable, owns
+    model: Model,
+    variables: PyTree,
+    x: jax.Array,
+    labels: jax.Array,
+    table: RoleTable,
+    owns: jax.Array,
+    batch: int,
 ) -> dict:
-    """Correct predictions (argmax over owns [K]) of one model on one client's table row:
-    {"correct": int32 [], "count": int32 []}."""
-    logits, _ = model.apply(variables, x[table.idx])
+    """Correct predictions (argmax over owns [K]) of one model on one client's table row
+    (idx [n], count []), `batch` rows at a time: {"correct": int32 [], "count": int32 []}."""
+    pred = predict_in_space(model, variables, x, table.idx, owns, batch)
     valid = jnp.arange(table.idx.shape[0]) < table.count
-    pred = masked_argmax(logits, owns)
     return {"correct": jnp.sum((pred == labels[table.idx]) & valid), "count": table.count}

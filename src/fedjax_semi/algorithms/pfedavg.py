@@ -89,7 +89,8 @@ class PersonalizedFedAvg(FedAvgFamily):
                 client_key(key, FINETUNE_SAMPLE, 0, inp["id"]),
                 client_key(key, FINETUNE_DROPOUT, 0, inp["id"]),
             )
-        return score_in_space(self.model, variables, x, eval_y, inp["test"], inp["owns"])
+        test, owns = inp["test"], inp["owns"]
+        return score_in_space(self.model, variables, x, eval_y, test, owns, self.eval_batch)
 
     def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
         """Every participant's accuracy with its fine-tuned copy of the global model."""

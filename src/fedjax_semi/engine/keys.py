@@ -73,6 +73,7 @@ COFED_UPDATE_SAMPLE = 52  # update-training minibatch order
 COFED_UPDATE_DROPOUT = 53  # update-training dropout
 FINETUNE_SAMPLE = 54  # personalized FedAvg's fine-tuning minibatch order (at evaluation)
 FINETUNE_DROPOUT = 55  # its dropout
+COFED_PUBLIC_ORDER = 56  # the order in which CoFED's center takes public rows (public_size)
 
 # ---- folded into an already derived key, not into the seed key --------------------------------
 AUGMENT_STREAM = 7919  # a training step's key -> its augmentation draws (engine.train)
