@@ -299,3 +299,13 @@ def test_public_size_beyond_the_public_set_is_refused(exp):
     cfg = dataclasses.replace(exp.alg.cfg, public_size=10**6)
     with pytest.raises(ConfigError, match="algorithm.public_size=1000000"):
         dataclasses.replace(exp.alg, cfg=cfg).init(jax.random.PRNGKey(0), exp.fed)
+
+
+def test_pseudo_labels_of_rows_without_truth_are_not_scored():
+    """A second dataset's public pool has no labels (-1): its rows count neither way."""
+    from fedjax_semi.engine.loop import pseudo_label_accuracy
+
+    eval_y = np.array([0, 1, -1, -1])
+    index = np.array([[0, 1, 2, 3]])
+    assert pseudo_label_accuracy(index, np.array([[0, 0, 5, 5]]), eval_y) == 0.5
+    assert pseudo_label_accuracy(np.array([[2, 3]]), np.array([[1, 1]]), eval_y) is None
