@@ -9,7 +9,7 @@ of the cost.
 
     python -m fedjax_semi.results.cofed_sweep --seeds 0,1,2 --variants iid,noniid \
         --alphas 0,0.1,0.3,0.5,0.7,1 --sizes 500,1000,2000 --out sweep.jsonl [overrides ...]
-    python -m fedjax_semi.results.cofed_sweep --table sweep.jsonl
+    python -m fedjax_semi.results.cofed_sweep --table sweep.jsonl [--plot fig.png]
 
 Overrides are Hydra overrides on top of +experiment=cofed_fmnist. Each (seed, variant, alpha,
 size) is one JSON line: the evaluation (accuracy, local_acc, rel_acc, min, max, ...), the
@@ -109,6 +109,50 @@ def table(rows: list[dict], by: tuple[str, ...], metrics: tuple[str, ...]) -> st
     return "\n".join(lines)
 
 
+def _curve(rows: list[dict], x: str, y: str, variant: str, where: dict) -> tuple:
+    """(xs, mean, std) of y over seeds at each x, for one variant and the fixed keys `where`."""
+    pts: dict[float, list[float]] = defaultdict(list)
+    for r in rows:
+        if r["variant"] == variant and all(r[k] == v for k, v in where.items()):
+            pts[r[x]].append(r[y])
+    xs = sorted(pts)
+    return xs, [np.mean(pts[v]) for v in xs], [np.std(pts[v]) for v in xs]
+
+
+def plot(rows: list[dict], path: Path) -> Path:
+    """Fig. 6-8 of the paper from a sweep: the pseudo-label count and the mean relative accuracy
+    against alpha (at the largest public size), and the relative accuracy against the public
+    size (at alpha 0.3); mean and std over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    full = max(r["public_size"] for r in rows)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    panels = [
+        ("alpha", "pl_sum_pk", {"public_size": full}, "sum_k |P_k| (Fig. 7)"),
+        ("alpha", "rel_acc", {"public_size": full}, "mean relative accuracy (Fig. 8)"),
+        ("public_size", "rel_acc", {"alpha": 0.3}, "mean relative accuracy (Fig. 6)"),
+    ]
+    for ax, (x, y, where, title) in zip(axes, panels, strict=True):
+        for variant in sorted({r["variant"] for r in rows}):
+            xs, mean, std = _curve(rows, x, y, variant, where)
+            ax.errorbar(xs, mean, yerr=std, marker="o", capsize=3, label=variant)
+        ax.set_xlabel(x)
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        if y == "pl_sum_pk":
+            ax.set_yscale("symlog")
+        if x == "public_size":
+            ax.set_xscale("log")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0,1,2")
@@ -117,11 +161,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sizes", default="0", help="public rows the center uses; 0 = all")
     ap.add_argument("--out", default="cofed_sweep.jsonl")
     ap.add_argument("--table", help="print the tables of a sweep's JSON lines and exit")
+    ap.add_argument("--plot", help="with --table: also draw Fig. 6-8 into this PNG")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     if args.table:
         rows = [json.loads(line) for line in Path(args.table).read_text().splitlines() if line]
         print(table(rows, ("model_pool", "variant", "alpha", "public_size"), METRICS + COUNTS))
+        if args.plot:
+            print(f"wrote {plot(rows, Path(args.plot))}")
         return
     alphas = [float(a) for a in args.alphas.split(",")]
     sizes = [int(s) for s in args.sizes.split(",")]
