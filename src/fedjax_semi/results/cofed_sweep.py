@@ -79,6 +79,7 @@ def sweep_one(
             **{k: float(ev[k]) for k in METRICS},
             **{k: int(m[k]) for k in COUNTS},
             "pl_acc": pseudo_label_accuracy(m["pl_index"], m["pl_label"], exp.fed.eval_y),
+            "client_acc": ev["client_acc"].tolist(),
             "client_rel_acc": ev["client_rel_acc"].tolist(),
             "steps12_s": t_steps12,
             "steps34_s": time.perf_counter() - t0,
@@ -181,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
             for row in sweep_one(seed, variant, centers, list(args.overrides)):
                 with out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-                print(json.dumps({k: row[k] for k in row if k != "client_rel_acc"}), flush=True)
+                short = {k: v for k, v in row.items() if not k.startswith("client_")}
+                print(json.dumps(short), flush=True)
 
 
 if __name__ == "__main__":
