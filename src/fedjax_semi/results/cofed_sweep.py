@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from fedjax_semi.engine.loop import pseudo_label_accuracy
+from fedjax_semi.kernels import voting
 
 PRESET = "+experiment=cofed_fmnist"
 METRICS = ("accuracy", "local_acc", "rel_acc", "rel_acc_min", "rel_acc_max", "improved_frac")
@@ -53,9 +54,14 @@ def _host(tree) -> dict:
 
 
 def sweep_one(
-    seed: int, variant: str, centers: list[tuple[float, int]], overrides: list[str]
+    seed: int,
+    variant: str,
+    centers: list[tuple[float, int]],
+    overrides: list[str],
+    count_alphas: list[float] = (),
 ) -> list[dict]:
-    """Steps 1-2 once for (seed, variant), then Steps 3-4 for every (alpha, public_size)."""
+    """Steps 1-2 once for (seed, variant), then Steps 3-4 for every (alpha, public_size); and
+    for every alpha of `count_alphas` Step 3 alone (the center's counts, no training: Fig. 7)."""
     from fedjax_semi import experiment
 
     cfg = compose(PRESET, f"seed={seed}", f"partition.cofed_variant={variant}", *overrides)
@@ -65,6 +71,27 @@ def sweep_one(
     state = jax.block_until_ready(runner.init())
     t_steps12 = time.perf_counter() - t0
     rows = []
+    data = exp.fed.train_view()
+    for alpha in count_alphas:
+        key = jax.random.PRNGKey(seed)  # the center draws nothing (update_init=warm)
+        plan, _, _ = exp.alg.prepare(exp.alg.with_center(state, alpha), data, key)
+        counts = voting.pseudo_label_counts(plan.accept, plan.keep)
+        label = np.where(np.asarray(plan.keep), np.asarray(plan.label), -1)
+        index = np.broadcast_to(np.asarray(plan.public), label.shape)
+        rows.append(
+            {
+                "seed": seed,
+                "variant": variant,
+                "alpha": alpha,
+                "public_size": int(label.shape[1]),
+                "model_pool": cfg.algorithm.model_pool,
+                "num_clients": cfg.num_clients,
+                "counts_only": True,
+                **{f"pl_{k}": int(v) for k, v in counts.items()},
+                "pl_acc": pseudo_label_accuracy(index, label, exp.fed.eval_y),
+                "overrides": overrides,
+            }
+        )
     for alpha, size in centers:
         t0 = time.perf_counter()
         new, metrics = runner.round(exp.alg.with_center(state, alpha, size))
@@ -114,7 +141,7 @@ def _curve(rows: list[dict], x: str, y: str, variant: str, where: dict) -> tuple
     """(xs, mean, std) of y over seeds at each x, for one variant and the fixed keys `where`."""
     pts: dict[float, list[float]] = defaultdict(list)
     for r in rows:
-        if r["variant"] == variant and all(r[k] == v for k, v in where.items()):
+        if y in r and r["variant"] == variant and all(r[k] == v for k, v in where.items()):
             pts[r[x]].append(r[y])
     xs = sorted(pts)
     return xs, [np.mean(pts[v]) for v in xs], [np.std(pts[v]) for v in xs]
@@ -160,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", default="iid,noniid")
     ap.add_argument("--alphas", default="0.3")
     ap.add_argument("--sizes", default="0", help="public rows the center uses; 0 = all")
+    ap.add_argument("--count-alphas", default="", help="alphas of the counts alone (Fig. 7)")
     ap.add_argument("--out", default="cofed_sweep.jsonl")
     ap.add_argument("--table", help="print the tables of a sweep's JSON lines and exit")
     ap.add_argument("--plot", help="with --table: also draw Fig. 6-8 into this PNG")
@@ -167,7 +195,13 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.table:
         rows = [json.loads(line) for line in Path(args.table).read_text().splitlines() if line]
-        print(table(rows, ("model_pool", "variant", "alpha", "public_size"), METRICS + COUNTS))
+        trained = [r for r in rows if not r.get("counts_only")]
+        counted = [r for r in rows if r.get("counts_only")]
+        by = ("model_pool", "variant", "alpha", "public_size")
+        print(table(trained, by, METRICS + COUNTS + ("pl_acc",)))
+        if counted:
+            print()
+            print(table(counted, by, COUNTS + ("pl_acc",)))
         if args.plot:
             print(f"wrote {plot(rows, Path(args.plot))}")
         return
@@ -179,7 +213,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     for seed in (int(s) for s in args.seeds.split(",")):
         for variant in args.variants.split(","):
-            for row in sweep_one(seed, variant, centers, list(args.overrides)):
+            counted = [float(a) for a in args.count_alphas.split(",") if a]
+            for row in sweep_one(seed, variant, centers, list(args.overrides), counted):
                 with out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
                 short = {k: v for k, v in row.items() if not k.startswith("client_")}
