@@ -324,3 +324,17 @@ def test_sweep_table_and_plot(tmp_path):
     assert "| iid | 0.3 | 3 | 1.100 ± 0.100 | 7.000 ± 0.000 |" in text
     png = sweep.plot(rows, tmp_path / "fig.png")
     assert png.stat().st_size > 0
+
+
+def test_importing_the_package_does_not_start_xla():
+    """XLA reads XLA_FLAGS once, when its backend starts: importing fedjax_semi must not start
+    it, or a caller's flags (the test workers', a user's) would be ignored."""
+    import subprocess
+    import sys
+
+    code = (
+        "import fedjax_semi.algorithms, fedjax_semi.experiment, fedjax_semi.cli\n"
+        "from jax._src import xla_bridge as xb\n"
+        "assert not xb._backends, 'a module made an array at import'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -39,8 +39,9 @@ from fedjax_semi.systems.uplink import Uplink
 PyTree = Any
 Mapper = Callable[..., PyTree]  # mapper(fn, xs, *shared) -> stacked outputs
 
-# A fixed key for shapes only (jax.eval_shape of a model's init): no value is drawn from it.
-SHAPE_KEY = jax.random.PRNGKey(0)
+# A key's shape for jax.eval_shape of a model's init: no value is drawn, and no array is made at
+# import (an array would start XLA's backend before a caller could set XLA_FLAGS).
+SHAPE_KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)
 
 
 class Algorithm(Protocol):
