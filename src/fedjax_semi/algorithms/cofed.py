@@ -192,9 +192,9 @@ class CoFED(Method):
         public = fed.server.get("public")
         if public is None or public.shape[0] == 0:
             raise bad(
-                "partition.scheme",
-                "(no public set)",
-                "a partition with a non-empty public set: partition=cofed",
+                "partition.public_fraction",
+                "(0 public rows)",
+                "a share that leaves CoFED a public set (partition=cofed), or dataset.server_pool",
             )
         groups = tuple(self._init_group(g, key) for g in range(len(self.models)))
         owns = label_spaces(fed.y, fed.roles["labeled"], self.k)  # visible labels only
