@@ -53,6 +53,20 @@ def _host(tree) -> dict:
     return {k: np.asarray(v) for k, v in tree.items()}
 
 
+def in_space_scores(label: np.ndarray, index: np.ndarray, owns: np.ndarray, eval_y) -> dict:
+    """R_i's labels [C, M] (-1 = not kept) scored where the hidden class lies in the receiving
+    participant's label space (the only rows that can be right: a public sample of a class
+    outside Y_i gets one of Y_i's labels), and the share of R_i that lies there."""
+    truth = np.asarray(eval_y)[index]
+    kept = label >= 0
+    rows = np.arange(label.shape[0])[:, None]
+    inside = kept & (truth >= 0) & owns[rows, np.maximum(truth, 0)]
+    return {
+        "pl_acc_in_space": float(np.mean(label[inside] == truth[inside])) if inside.any() else None,
+        "in_space_share": float(inside.sum() / max(kept.sum(), 1)),
+    }
+
+
 def sweep_one(
     seed: int,
     variant: str,
@@ -72,6 +86,7 @@ def sweep_one(
     t_steps12 = time.perf_counter() - t0
     rows = []
     data = exp.fed.train_view()
+    owns = np.asarray(state.extra["owns"])
     for alpha in count_alphas:
         key = jax.random.PRNGKey(seed)  # the center draws nothing (update_init=warm)
         plan, _, _ = exp.alg.prepare(exp.alg.with_center(state, alpha), data, key)
@@ -89,6 +104,7 @@ def sweep_one(
                 "counts_only": True,
                 **{f"pl_{k}": int(v) for k, v in counts.items()},
                 "pl_acc": pseudo_label_accuracy(index, label, exp.fed.eval_y),
+                **in_space_scores(label, index, owns, exp.fed.eval_y),
                 "overrides": overrides,
             }
         )
@@ -106,6 +122,7 @@ def sweep_one(
             **{k: float(ev[k]) for k in METRICS},
             **{k: int(m[k]) for k in COUNTS},
             "pl_acc": pseudo_label_accuracy(m["pl_index"], m["pl_label"], exp.fed.eval_y),
+            **in_space_scores(m["pl_label"], m["pl_index"], owns, exp.fed.eval_y),
             "client_acc": ev["client_acc"].tolist(),
             "client_rel_acc": ev["client_rel_acc"].tolist(),
             "steps12_s": t_steps12,
@@ -198,10 +215,10 @@ def main(argv: list[str] | None = None) -> None:
         trained = [r for r in rows if not r.get("counts_only")]
         counted = [r for r in rows if r.get("counts_only")]
         by = ("model_pool", "variant", "alpha", "public_size")
-        print(table(trained, by, METRICS + COUNTS + ("pl_acc",)))
+        print(table(trained, by, METRICS + COUNTS + ("pl_acc", "pl_acc_in_space")))
         if counted:
             print()
-            print(table(counted, by, COUNTS + ("pl_acc",)))
+            print(table(counted, by, COUNTS + ("pl_acc", "pl_acc_in_space", "in_space_share")))
         if args.plot:
             print(f"wrote {plot(rows, Path(args.plot))}")
         return
