@@ -89,6 +89,10 @@ class DatasetConfig:
     # Keep a random share of the official train and test sets (per class, seeded by `data_seed`,
     # or `seed`), for reduced-scale runs with the paper's participation per client; 1.0 = all of it.
     fraction: float = 1.0
+    # k-means sub-clusters per class as subclasses (data/subclusters.py): the classes become
+    # coarse tasks with k subclasses each, as CIFAR-100's superclasses (CoFED's non-IID
+    # stand-in on Fashion-MNIST); 0 = off.
+    subclusters: int = 0
 
 
 @dataclass
@@ -346,6 +350,8 @@ def validate(cfg: Config) -> None:
         raise bad("dataset.name", cfg.dataset.name, f"one of {dataset_names()} or tfds:NAME")
     if not 0 < cfg.dataset.fraction <= 1:
         raise bad("dataset.fraction", cfg.dataset.fraction, "a share in (0, 1]")
+    if not (isinstance(cfg.dataset.subclusters, int) and cfg.dataset.subclusters >= 0):
+        raise bad("dataset.subclusters", cfg.dataset.subclusters, "an integer >= 0 (0 = off)")
     if cfg.model.name not in model_names():
         raise bad("model.name", cfg.model.name, f"one of {model_names()}")
     if cfg.num_clients < 1:

@@ -19,6 +19,7 @@ from fedjax_semi.data.partitions import (
     build_partition,
 )
 from fedjax_semi.data.registry import ArrayDataset, load_dataset, subsample
+from fedjax_semi.data.subclusters import with_subclusters
 from fedjax_semi.engine.simulate import Runner, simulate
 from fedjax_semi.models.zoo import Model, make_model
 
@@ -197,6 +198,8 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
     else:
         ds = load_dataset(d.name, d.data_dir, vocab_size=d.vocab_size, seq_len=d.seq_len)
     ds = subsample(ds, d.fraction, data_seed(cfg))
+    if d.subclusters:
+        ds = with_subclusters(ds, d.subclusters, data_seed(cfg))
     part = make_partition(cfg, ds)
     fed = build_federated(
         *client_views(ds, part), part, num_classes(ds, part), server_pool(cfg, ds)

@@ -8,6 +8,7 @@ import that its registry holds exactly these names.
 from __future__ import annotations
 
 ALGORITHM_NAMES: tuple[str, ...] = (
+    "cofed",
     "dofed_spp",
     "fedavg",
     "fedavg_pl",
@@ -23,6 +24,7 @@ ALGORITHM_NAMES: tuple[str, ...] = (
     "fixprox",
     "lg_fedavg",
     "local",
+    "pfedavg",
     "pfedme",
     "um_pfssl",
 )

@@ -1,10 +1,12 @@
 """Algorithms by name. Importing this package registers every built-in method."""
 
 from fedjax_semi.algorithms import (  # noqa: F401  (register methods)
+    cofed,
     dofed_spp,
     fedavg,
     fedbe,
     fedfomo,
+    pfedavg,
     pfedme,
     um_pfssl,
 )

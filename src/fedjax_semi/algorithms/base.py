@@ -39,8 +39,9 @@ from fedjax_semi.systems.uplink import Uplink
 PyTree = Any
 Mapper = Callable[..., PyTree]  # mapper(fn, xs, *shared) -> stacked outputs
 
-# A fixed key for shapes only (jax.eval_shape of a model's init): no value is drawn from it.
-SHAPE_KEY = jax.random.PRNGKey(0)
+# A key's shape for jax.eval_shape of a model's init: no value is drawn, and no array is made at
+# import (an array would start XLA's backend before a caller could set XLA_FLAGS).
+SHAPE_KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)
 
 
 class Algorithm(Protocol):
@@ -70,7 +71,9 @@ class Capabilities:
 
     has_warmup: `warmup(state, data, mapper, key)` runs once before round 1.
     round_flags(t): hashable per-round switches of round t, compiled as static arguments.
-    client_update_for(flags): the client function of a round with those switches.
+    client_update_for(flags): the client function of a round with those switches; a method with
+        heterogeneous models returns one per architecture group, and its `prepare` a tuple of
+        the groups' inputs (`engine.clients.map_groups` maps each group).
     """
 
     has_warmup: ClassVar[bool] = False
@@ -184,7 +187,7 @@ class Method(Capabilities):
         )
 
 
-def _client_finite(stacked) -> jax.Array:
+def clients_finite(stacked) -> jax.Array:
     """bool [S]: every leaf of each client's tree is finite."""
     per_leaf = [
         jnp.all(jnp.isfinite(a.reshape(a.shape[0], -1)), axis=1) for a in jax.tree.leaves(stacked)
@@ -199,7 +202,7 @@ def cohort_metrics(cohort: jax.Array, out: dict, models) -> dict:
     return {
         "cohort": cohort,
         "client_loss": out["loss"],
-        "client_finite": _client_finite(models) & jnp.isfinite(out["loss"]),
+        "client_finite": clients_finite(models) & jnp.isfinite(out["loss"]),
         "train_loss": jnp.sum(out["loss"] * steps) / jnp.maximum(jnp.sum(steps), 1.0),
         "local_steps": jnp.mean(steps),
     }

@@ -60,6 +60,15 @@ def map_clients(fn: Callable, xs: PyTree, *shared: Any, chunk: int | str = "all"
         return jax.lax.map(lambda x: fn(x, *shared), xs, batch_size=int(chunk))
 
 
+def map_groups(mapper: Callable, fn: Callable | tuple, xs: PyTree, *shared: Any) -> PyTree:
+    """`mapper(fn, xs, *shared)`, or for a method with heterogeneous models (clients grouped by
+    architecture, e.g. CoFED) one mapping per group: fn and xs are then tuples of the groups'
+    client functions and inputs [Cg, ...], and the result is the tuple of the groups' outputs."""
+    if isinstance(fn, tuple):
+        return tuple(mapper(f, x, *shared) for f, x in zip(fn, xs, strict=True))
+    return mapper(fn, xs, *shared)
+
+
 class LoopMapper:
     """Reference backend: a Python loop over clients, each a call of one jitted function."""
 

@@ -66,6 +66,15 @@ DISTILL_SAMPLE = 43  # server distillation minibatch order
 DISTILL_DROPOUT = 44  # server distillation dropout
 POOL_STREAM = 45  # not a JAX purpose: numpy `default_rng([seed, POOL_STREAM])` of the pool draw
 
+# ---- CoFED (50-53): Step 1's local training and Step 4's update training -------------------
+COFED_LOCAL_SAMPLE = 50  # local-training minibatch order
+COFED_LOCAL_DROPOUT = 51  # local-training dropout
+COFED_UPDATE_SAMPLE = 52  # update-training minibatch order
+COFED_UPDATE_DROPOUT = 53  # update-training dropout
+FINETUNE_SAMPLE = 54  # personalized FedAvg's fine-tuning minibatch order (at evaluation)
+FINETUNE_DROPOUT = 55  # its dropout
+COFED_PUBLIC_ORDER = 56  # the order in which CoFED's center takes public rows (public_size)
+
 # ---- folded into an already derived key, not into the seed key --------------------------------
 AUGMENT_STREAM = 7919  # a training step's key -> its augmentation draws (engine.train)
 

@@ -241,6 +241,7 @@ def pseudo_label_accuracy(index, label, eval_y) -> float | None:
         hit, valid = (label == truth[:, None]).any(1), (label >= 0).any(1)
     else:
         hit, valid = label == truth, label >= 0
+    valid = valid & (truth >= 0)  # rows of unknown truth (a second dataset's pool) do not count
     if not valid.any():
         return None
     return float(np.mean(hit[valid]))

@@ -15,7 +15,7 @@ import numpy as np
 from fedjax_semi.algorithms.base import Algorithm
 from fedjax_semi.config import StopConfig
 from fedjax_semi.data.federated import FederatedData
-from fedjax_semi.engine.clients import LoopMapper, jit_forwarding_inputs, map_clients
+from fedjax_semi.engine.clients import LoopMapper, jit_forwarding_inputs, map_clients, map_groups
 from fedjax_semi.engine.loop import (
     Checkpoints,
     NaNGuard,
@@ -89,7 +89,7 @@ class Runner:
 
             def round_fn(key, state, data, flags):
                 plan, inputs, shared = prepare(state, data, key)
-                return finish(state, plan, loop(update_for(flags), inputs, shared), key)
+                return finish(state, plan, map_groups(loop, update_for(flags), inputs, shared), key)
 
             self._round = round_fn
             self._eval = lambda key, s, f: alg.evaluate(s, f, loop)
@@ -104,7 +104,7 @@ class Runner:
 
         def round_fn(key, state, data, flags):
             plan, inputs, shared = alg.prepare(state, data, key)
-            outputs = place(cmap(update_for(flags), place(inputs), shared))
+            outputs = place(map_groups(cmap, update_for(flags), place(inputs), shared))
             return alg.finish(state, plan, outputs, key)
 
         warmup = self._warmup_fn

@@ -1,0 +1,406 @@
+"""CoFED (Cao et al., "Cross-Silo Heterogeneous Model Federated Multitask Learning"): one-shot
+co-training over a public unlabeled set, for participants with their own architectures and
+their own label spaces (its Sec. 4, Algorithm 1).
+
+    warm-up (Step 1, 2):   for every participant i in parallel, one program per architecture:
+                               f_i = train on D_i                      (logits masked to Y_i)
+                               upload yhat_i = f_i(U)                  (M hard labels, Sec. 4.2)
+    round 1 (Step 3, 4):   P_k = {m : votes of class-k owners for k / owners of k > alpha}
+                                                                       (Eq. 15-18, the center)
+                           R_i = {(m, k) : m in P_k, k in Y_i, one k of Y_i claims m}  (Eq. 19)
+                           for every i in parallel: f_i = train f_i on D_i + R_i
+
+One round of communication (Sec. 4.2 argues against iterating). The participants' models are
+grouped by architecture: `client_update_for` returns one client function per group and the
+engine maps each over its group (`engine.clients.map_groups`). The center sees only the hard
+labels and the label spaces; `evaluate` reports every participant's accuracy after CoFED and
+with its local-only model (kept in the state), and their ratio (Fig. 2). Our choices where the
+paper is silent: docs/choices.md, CoFED.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from fedjax_semi.algorithms.base import FLState, Mapper, Method, clients_finite, register
+from fedjax_semi.algorithms.label_spaces import (
+    fit_in_space,
+    label_spaces,
+    position_labels,
+    predict_in_space,
+    score_in_space,
+)
+from fedjax_semi.config import AlgorithmConfig
+from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
+from fedjax_semi.engine.clients import map_groups
+from fedjax_semi.engine.keys import (
+    COFED_LOCAL_DROPOUT,
+    COFED_LOCAL_SAMPLE,
+    COFED_PUBLIC_ORDER,
+    COFED_UPDATE_DROPOUT,
+    COFED_UPDATE_SAMPLE,
+    INIT,
+    client_key,
+    round_key,
+)
+from fedjax_semi.engine.train import Schedule, make_optimizer
+from fedjax_semi.errors import bad, check_choice
+from fedjax_semi.kernels import voting
+from fedjax_semi.models import pool
+
+PyTree = Any
+
+VOTE_WEIGHTS = ("uniform", "data_size")
+UPDATE_INITS = ("warm", "scratch")
+
+
+@dataclasses.dataclass
+class CoFEDConfig(AlgorithmConfig):
+    """CoFED's knobs. The shared ones (optimizer, lr, batch_size, local_epochs) are Step 1's
+    local training; `update_*` are Step 4's."""
+
+    name: str = "cofed"
+    alpha: float = 0.3  # agreement threshold (Eq. 18; Sec. 5.2: 0.3 on CIFAR)
+    threshold_op: str = "gt"  # gt (Eq. 18, strict) | ge
+    conflict: str = "drop_in_client"  # drop_in_client (Sec. 4.3) | drop_global | max_ratio
+    vote_weights: str = "uniform"  # uniform (Alg. 1) | data_size (Sec. 4.6's credibility)
+    model_pool: str = "table1"  # table1 (Table 1, round-robin) | random_cnn | single
+    table1_models: int = 10  # table1: the first n of Table 1's ten models
+    update_epochs: int = 30
+    update_batch_size: int = 1000  # Sec. 5.2
+    update_lr: float = 1.0e-3
+    update_init: str = "warm"  # warm (from the local model) | scratch
+    predict_batch: int = 500  # rows a participant labels (or is scored on) at a time
+    # Public rows the center votes on: a random subset of this size (nested across sizes, Fig.
+    # 6's sweep); 0 = the whole public set. Participants label every row regardless.
+    public_size: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.alpha <= 1.0:
+            raise bad("algorithm.alpha", self.alpha, "a number in [0, 1]")
+        check_choice("algorithm.threshold_op", self.threshold_op, voting.THRESHOLD_OPS)
+        check_choice("algorithm.conflict", self.conflict, voting.CONFLICTS)
+        check_choice("algorithm.vote_weights", self.vote_weights, VOTE_WEIGHTS)
+        check_choice("algorithm.model_pool", self.model_pool, pool.POOLS)
+        check_choice("algorithm.update_init", self.update_init, UPDATE_INITS)
+        if not 1 <= self.table1_models <= len(pool.TABLE1):
+            raise bad("algorithm.table1_models", self.table1_models, "an integer in [1, 10]")
+        for key in ("update_epochs", "update_batch_size", "predict_batch"):
+            if getattr(self, key) < 1:
+                raise bad(f"algorithm.{key}", getattr(self, key), "an integer >= 1")
+        if self.public_size < 0:
+            raise bad("algorithm.public_size", self.public_size, "an integer >= 0 (0 = all)")
+        if not self.update_lr > 0:
+            raise bad("algorithm.update_lr", self.update_lr, "a number > 0")
+
+
+@struct.dataclass
+class GroupInputs:
+    """One architecture group's rows [Cg, ...]: client ids, models, the table each trains on
+    with a label per position, and the label spaces."""
+
+    id: jax.Array
+    variables: PyTree
+    table: RoleTable
+    labels: jax.Array
+    owns: jax.Array
+
+
+@struct.dataclass
+class PublicShared:
+    """What every participant reads in a phase: the inputs x [D, ...] and visible labels y [D],
+    the public set's rows public [M], the round and the run's key."""
+
+    x: jax.Array
+    y: jax.Array
+    public: jax.Array
+    round: jax.Array
+    key: jax.Array
+
+
+@struct.dataclass
+class CoFEDPlan:
+    """prepare -> finish: what the center decided. accept bool [M, K] (P_k); keep bool [C, M]
+    and label int32 [C, M] (R_i); preds int32 [C, M] (the uploads)."""
+
+    accept: jax.Array
+    keep: jax.Array
+    label: jax.Array
+    preds: jax.Array
+    public: jax.Array  # int32 [M] the public set's rows
+
+
+def combined_table(private: RoleTable, y, public: jax.Array, keep, label):
+    """Each client's D_i + R_i as one table: idx [C, n + M] (valid entries first, private then
+    public) and labels [C, n + M] (visible labels, then pseudo-labels; -1 padding)."""
+    c = private.idx.shape[0]
+    idx = jnp.concatenate([private.idx, jnp.broadcast_to(public, (c, public.shape[0]))], 1)
+    priv_labels = jnp.where(private.mask, y[private.idx], -1)
+    labels = jnp.concatenate([priv_labels, jnp.where(keep, label, -1)], 1)
+    valid = jnp.concatenate([private.mask, keep], 1)
+    order = jnp.argsort(~valid, axis=1, stable=True)
+    table = RoleTable(jnp.take_along_axis(idx, order, 1), private.count + keep.sum(1))
+    return table, jnp.where(
+        jnp.take_along_axis(valid, order, 1), jnp.take_along_axis(labels, order, 1), -1
+    )
+
+
+@dataclasses.dataclass
+class CoFED(Method):
+    cfg: CoFEDConfig
+    name: str = "cofed"
+    roles: tuple[str, ...] = ("labeled", "test")
+    oracle: bool = False
+    has_global_model: bool = False
+    has_warmup: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        c = self.cfg
+        filters, assign = pool.pool_filters(
+            c.model_pool, self.num_clients, self.data_seed, table1_models=c.table1_models
+        )
+        self.filters = filters
+        self.models = pool.make_pool_models(self.model, filters)
+        self.members = tuple(
+            jnp.asarray(m, jnp.int32) for m in pool.group_members(assign, len(filters))
+        )
+        self.update_tx = make_optimizer(c.optimizer, c.update_lr, c.momentum, c.weight_decay)
+        self.update_schedule = Schedule(c.update_batch_size, c.update_epochs, 0)
+        self.k = self.model.num_classes
+        # One client function per group, made once (the reference loop caches by function).
+        groups = range(len(self.models))
+        self.local_fns = tuple(functools.partial(self._local_client, g) for g in groups)
+        self.update_fns = tuple(functools.partial(self._update_client, g) for g in groups)
+        self.eval_fns = tuple(functools.partial(self._eval_client, g) for g in groups)
+
+    # ------------------------------------------------------------------ state
+
+    def _init_group(self, g: int, key: jax.Array) -> PyTree:
+        ids = self.members[g]
+        keys = jax.vmap(lambda i: client_key(key, INIT, 0, i))(ids)
+        return jax.vmap(self.models[g].init)(keys)
+
+    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
+        public = fed.server.get("public")
+        if public is None or public.shape[0] == 0:
+            raise bad(
+                "partition.public_fraction",
+                "(0 public rows)",
+                "a share that leaves CoFED a public set (partition=cofed), or dataset.server_pool",
+            )
+        groups = tuple(self._init_group(g, key) for g in range(len(self.models)))
+        owns = label_spaces(fed.y, fed.roles["labeled"], self.k)  # visible labels only
+        m = public.shape[0]
+        if self.cfg.public_size > m:
+            raise bad(
+                "algorithm.public_size",
+                self.cfg.public_size,
+                f"at most the {m} rows of the public set (0 = all of them)",
+            )
+        # The center's knobs live in the state, so one compiled round serves every alpha and
+        # public-set size (a sweep reuses Steps 1-2: `with_center`).
+        rank = jnp.argsort(jax.random.permutation(round_key(key, COFED_PUBLIC_ORDER, 0), m))
+        return FLState(
+            round=jnp.zeros((), jnp.int32),
+            global_vars={},
+            client_vars=groups,
+            client_opt={},
+            sim_time=jnp.zeros((), jnp.float32),
+            extra={
+                "owns": owns,
+                "local": groups,  # the local-only models f_i^loc (Step 1), for Fig. 2's ratio
+                "preds": jnp.full((self.num_clients, m), -1, jnp.int32),  # the uploads
+                "alpha": jnp.float32(self.cfg.alpha),
+                "public_size": jnp.int32(self.cfg.public_size or m),
+                "public_rank": rank.astype(jnp.int32),  # a row is used when rank < size
+            },
+        )
+
+    def _group_inputs(self, g: int, variables, table: RoleTable, labels, owns) -> GroupInputs:
+        ids = self.members[g]
+        return GroupInputs(ids, variables, table.take(ids), labels[ids], owns[ids])
+
+    # ------------------------------------------------------------------ Step 1, 2
+
+    def _local_client(self, g: int, inp: GroupInputs, shared: PublicShared) -> dict:
+        """Step 1 and 2 of one participant: train on D_i, label the public rows [M]."""
+        model = self.models[g]
+        variables, stats = fit_in_space(
+            model,
+            self.tx,
+            inp.variables,
+            shared.x,
+            inp.table,
+            inp.labels,
+            inp.owns,
+            self.schedule,
+            client_key(shared.key, COFED_LOCAL_SAMPLE, 0, inp.id),
+            client_key(shared.key, COFED_LOCAL_DROPOUT, 0, inp.id),
+        )
+        preds = predict_in_space(
+            model, variables, shared.x, shared.public, inp.owns, self.cfg.predict_batch
+        )
+        return {"vars": variables, "preds": preds, **stats}
+
+    def warmup(self, state: FLState, data: TrainView, mapper: Mapper, key: jax.Array) -> FLState:
+        private, owns = data.roles["labeled"], state.extra["owns"]
+        labels = jax.vmap(position_labels, in_axes=(None, 0))(data.y, private)
+        inputs = tuple(
+            self._group_inputs(g, state.client_vars[g], private, labels, owns)
+            for g in range(len(self.models))
+        )
+        shared = PublicShared(data.x, data.y, data.server["public"], state.round, key)
+        outs = map_groups(mapper, self.local_fns, inputs, shared)
+        groups = tuple(o["vars"] for o in outs)
+        preds = state.extra["preds"]
+        for g, o in enumerate(outs):
+            preds = preds.at[self.members[g]].set(o["preds"])
+        return state.replace(
+            client_vars=groups, extra={**state.extra, "local": groups, "preds": preds}
+        )
+
+    # ------------------------------------------------------------------ Step 3, 4
+
+    def vote_weights(self, data: TrainView) -> jax.Array | None:
+        if self.cfg.vote_weights == "data_size":
+            return data.roles["labeled"].count.astype(jnp.float32)
+        return None
+
+    def prepare(self, state: FLState, data: TrainView, key: jax.Array):
+        c, owns, preds = self.cfg, state.extra["owns"], state.extra["preds"]
+        weights = self.vote_weights(data)
+        alpha, x = state.extra["alpha"], state.extra
+        in_use = x["public_rank"] < x["public_size"]  # [M]
+        accept = voting.consensus_votes(preds, owns, alpha, weights, threshold_op=c.threshold_op)
+        accept = accept & in_use[:, None]
+        count, total = voting.vote_counts(preds, owns, weights)
+        keep, label = voting.distribute(accept, owns, conflict=c.conflict, count=count, total=total)
+        table, labels = combined_table(
+            data.roles["labeled"], data.y, data.server["public"], keep, label
+        )
+        start = state.client_vars
+        if c.update_init == "scratch":
+            start = tuple(self._init_group(g, key) for g in range(len(self.models)))
+        inputs = tuple(
+            self._group_inputs(g, start[g], table, labels, owns) for g in range(len(self.models))
+        )
+        shared = PublicShared(data.x, data.y, data.server["public"], state.round, key)
+        return CoFEDPlan(accept, keep, label, preds, data.server["public"]), inputs, shared
+
+    def _update_client(self, g: int, inp: GroupInputs, shared: PublicShared) -> dict:
+        """Step 4 of one participant: train its model on D_i + R_i."""
+        variables, stats = fit_in_space(
+            self.models[g],
+            self.update_tx,
+            inp.variables,
+            shared.x,
+            inp.table,
+            inp.labels,
+            inp.owns,
+            self.update_schedule,
+            client_key(shared.key, COFED_UPDATE_SAMPLE, shared.round, inp.id),
+            client_key(shared.key, COFED_UPDATE_DROPOUT, shared.round, inp.id),
+        )
+        return {"vars": variables, **stats}
+
+    def client_update_for(self, flags: tuple):
+        return self.update_fns
+
+    def client_update(self, inputs, shared):  # the Algorithm protocol; groups use the above
+        raise NotImplementedError("CoFED maps one client function per architecture group")
+
+    def _in_client_order(self, outs, name: str) -> jax.Array:
+        first = outs[0][name]
+        full = jnp.zeros((self.num_clients, *first.shape[1:]), first.dtype)
+        for g, o in enumerate(outs):
+            full = full.at[self.members[g]].set(o[name])
+        return full
+
+    def finish(self, state: FLState, plan: CoFEDPlan, outs, key: jax.Array):
+        loss = self._in_client_order(outs, "loss")
+        steps = self._in_client_order(outs, "steps").astype(jnp.float32)
+        finite = jnp.zeros((self.num_clients,), bool)
+        for g, o in enumerate(outs):
+            finite = finite.at[self.members[g]].set(clients_finite(o["vars"]))
+        counts = voting.pseudo_label_counts(plan.accept, plan.keep)
+        metrics = {
+            "cohort": jnp.arange(self.num_clients, dtype=jnp.int32),
+            "client_loss": loss,
+            "client_finite": finite & jnp.isfinite(loss),
+            "train_loss": jnp.sum(loss * steps) / jnp.maximum(jnp.sum(steps), 1.0),
+            "local_steps": jnp.mean(steps),
+            "pl_sum_pk": counts["sum_pk"],  # sum_k |P_k| (Fig. 7's count)
+            "pl_union_pk": counts["union_pk"],
+            "pl_sum_ri": counts["sum_ri"],
+            # The uplink: M hard labels per participant and nothing else (Sec. 4.2).
+            "upload_labels_per_client": jnp.int32(plan.preds.shape[1]),
+            # R_i, scored on the host against the hidden labels (a diagnostic only).
+            "pl_index": jnp.broadcast_to(plan.public, plan.label.shape),
+            "pl_label": plan.label,
+        }
+        new = state.replace(round=state.round + 1, client_vars=tuple(o["vars"] for o in outs))
+        return new, metrics
+
+    def with_center(self, state: FLState, alpha: float, public_size: int = 0) -> FLState:
+        """`state` with other center knobs (after Steps 1-2, which do not depend on them):
+        the round from it equals a run with algorithm.alpha=alpha, algorithm.public_size=..."""
+        m = state.extra["preds"].shape[-1]
+        if not 0 <= alpha <= 1 or not 0 <= public_size <= m:
+            raise bad("with_center", (alpha, public_size), f"alpha in [0, 1], size in [0, {m}]")
+        x = state.extra
+        size = jnp.full_like(x["public_size"], public_size or m)
+        alpha = jnp.full_like(x["alpha"], alpha)
+        return state.replace(extra={**x, "alpha": alpha, "public_size": size})
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _eval_client(self, g: int, inp: dict, x, labels) -> dict:
+        model = self.models[g]
+        b = self.cfg.predict_batch
+        fed = score_in_space(model, inp["fed"], x, labels, inp["table"], inp["owns"], b)
+        loc = score_in_space(model, inp["local"], x, labels, inp["table"], inp["owns"], b)
+        return {"correct": fed["correct"], "local_correct": loc["correct"], "count": fed["count"]}
+
+    def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
+        """Each participant's accuracy on its own test split (argmax over Y_i) after CoFED and
+        with its local-only model, and their ratio (Fig. 2: mean of ratios, min, max)."""
+        test, owns = fed.roles["test"], state.extra["owns"]
+        xs = tuple(
+            {
+                "fed": state.client_vars[g],
+                "local": state.extra["local"][g],
+                "table": test.take(self.members[g]),
+                "owns": owns[self.members[g]],
+            }
+            for g in range(len(self.models))
+        )
+        outs = map_groups(mapper, self.eval_fns, xs, fed.x, fed.eval_y)
+        count = jnp.maximum(self._in_client_order(outs, "count"), 1).astype(jnp.float32)
+        acc = self._in_client_order(outs, "correct") / count
+        local = self._in_client_order(outs, "local_correct") / count
+        rel = acc / jnp.maximum(local, 1e-12)
+        return {
+            "accuracy": jnp.mean(acc),
+            "local_acc": jnp.mean(local),
+            "rel_acc": jnp.mean(rel),  # the mean of per-participant ratios (Fig. 2)
+            "rel_acc_min": jnp.min(rel),
+            "rel_acc_max": jnp.max(rel),
+            "rel_of_means": jnp.mean(acc) / jnp.maximum(jnp.mean(local), 1e-12),
+            "improved_frac": jnp.mean(rel > 1.0),
+            "client_acc": acc,
+            "client_local_acc": local,
+            "client_rel_acc": rel,
+        }
+
+
+@register("cofed", CoFEDConfig)
+def cofed(cfg: CoFEDConfig, **kw) -> CoFED:
+    return CoFED(cfg, **kw)

@@ -1,0 +1,118 @@
+"""Training and scoring inside a client's own label space (CoFED and its baselines).
+
+A CoFED participant classifies among its own classes Y_i, a subset of the K global ones (CoFED
+Sec. 3, Eq. 2). Every model here keeps a K-wide head and masks the logits of the classes outside
+Y_i to -1e9, in the loss and in prediction: the same classifier as a |Y_i|-way softmax (masked
+logits get no gradient), and every client of one architecture stays shape-compatible for vmap.
+Labels come per table position (`labels`), so the same trainer runs on private data alone
+(CoFED's Step 1) and on private data plus public pseudo-labels (Step 4).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_semi.data.federated import RoleTable
+from fedjax_semi.engine.train import Schedule, cross_entropy, local_scan, masked_mean
+from fedjax_semi.kernels.voting import masked_argmax
+from fedjax_semi.models.zoo import Model
+
+PyTree = Any
+NEG = -1e9  # the logit of a class outside the label space
+
+
+def label_spaces(y: jax.Array, table: RoleTable, num_classes: int) -> jax.Array:
+    """bool [C, K]: the classes among each client's visible labels (its declared Y_i).
+    y [N] visible labels (-1 hidden); table [C, n] the clients' labeled rows."""
+    labels = jnp.where(table.mask, y[table.idx], -1)  # [C, n]
+    hit = labels[:, :, None] == jnp.arange(num_classes)[None, None, :]
+    return jnp.any(hit, axis=1)
+
+
+def masked_logits(logits: jax.Array, owns: jax.Array) -> jax.Array:
+    """logits [..., K] with the classes outside owns [K] at -1e9."""
+    return jnp.where(owns, logits, NEG)
+
+
+def position_labels(y: jax.Array, table: RoleTable) -> jax.Array:
+    """int32 [n]: the visible label of each position of one client's table row (-1 padding)."""
+    return jnp.where(jnp.arange(table.idx.shape[0]) < table.count, y[table.idx], -1)
+
+
+def fit_in_space(
+    model: Model,
+    tx: optax.GradientTransformation,
+    variables: PyTree,
+    x: jax.Array,
+    table: RoleTable,
+    labels: jax.Array,
+    owns: jax.Array,
+    schedule: Schedule,
+    key_sample: jax.Array,
+    key_dropout: jax.Array,
+) -> tuple[PyTree, dict]:
+    """One client's training with a fresh `tx` state: masked cross-entropy of the model's logits
+    restricted to owns [K], on the rows of `table` (idx [n], count []) with labels [n] per
+    position. -> (variables, stats: loss, steps)."""
+
+    def step(carry, batch, rng):
+        params, opt = carry
+
+        def loss_fn(p):
+            logits, _ = model.apply({"params": p}, batch["x"], train=True, rng=rng)
+            ce = cross_entropy(masked_logits(logits, owns), batch["label"])
+            return masked_mean(ce, batch["valid"] & (batch["label"] >= 0))
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt = tx.update(grads, opt, params)
+        return (optax.apply_updates(params, updates), opt), (loss, jnp.zeros(()))
+
+    params = variables["params"]
+    (params, _), stats = local_scan(
+        step,
+        (params, tx.init(params)),
+        x,
+        labels,  # unused by the step: labels come per position
+        table,
+        schedule,
+        key_sample,
+        key_dropout,
+        extras={"label": labels},
+    )
+    return {"params": params}, {"loss": stats["loss"], "steps": stats["steps"]}
+
+
+def predict_in_space(
+    model: Model, variables: PyTree, x: jax.Array, idx: jax.Array, owns: jax.Array, batch: int
+) -> jax.Array:
+    """int32 [M]: one model's hard labels (global ids inside owns [K]) of the rows idx [M],
+    `batch` rows at a time (eval mode)."""
+    m = idx.shape[0]
+    nb = -(-m // batch)
+    padded = jnp.pad(idx, (0, nb * batch - m)).reshape(nb, batch)
+
+    def one(ids):
+        logits, _ = model.apply(variables, x[ids])
+        return masked_argmax(logits, owns)
+
+    return jax.lax.map(one, padded).reshape(-1)[:m]
+
+
+def score_in_space(
+    model: Model,
+    variables: PyTree,
+    x: jax.Array,
+    labels: jax.Array,
+    table: RoleTable,
+    owns: jax.Array,
+    batch: int,
+) -> dict:
+    """Correct predictions (argmax over owns [K]) of one model on one client's table row
+    (idx [n], count []), `batch` rows at a time: {"correct": int32 [], "count": int32 []}."""
+    pred = predict_in_space(model, variables, x, table.idx, owns, batch)
+    valid = jnp.arange(table.idx.shape[0]) < table.count
+    return {"correct": jnp.sum((pred == labels[table.idx]) & valid), "count": table.count}

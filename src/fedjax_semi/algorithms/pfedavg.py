@@ -1,0 +1,111 @@
+"""Personalized FedAvg, CoFED's baseline (Cao et al., Sec. 5.8, Fig. 10, Table 2): FedAvg trains
+one model of one shared architecture on the union of the participants' label spaces; each
+participant then fine-tunes its own copy on its private data inside its label space ("local
+transfer learning") and is scored with it.
+
+    every round: FedAvg (fedavg.py) with the unmasked K-way softmax
+    evaluation:  for every participant i in parallel:
+                     f_i = the global model fine-tuned on D_i       (logits masked to Y_i)
+                     accuracy of f_i on i's test split              (argmax over Y_i)
+
+The fine-tuned copies are never sent back. The architecture is one of CoFED's pool
+(`architecture`, the paper's Table 1 Model 4 by default); the fine-tuning recipe is ours
+(docs/choices.md, CoFED).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_semi.algorithms.base import FLState, Mapper, register
+from fedjax_semi.algorithms.fedavg import FedAvgConfig, FedAvgFamily
+from fedjax_semi.algorithms.label_spaces import (
+    fit_in_space,
+    label_spaces,
+    position_labels,
+    score_in_space,
+)
+from fedjax_semi.data.federated import FederatedData
+from fedjax_semi.engine.keys import FINETUNE_DROPOUT, FINETUNE_SAMPLE, client_key
+from fedjax_semi.engine.train import Schedule, make_optimizer
+from fedjax_semi.errors import bad
+from fedjax_semi.models import pool
+
+PyTree = Any
+
+
+@dataclasses.dataclass
+class PFedAvgConfig(FedAvgConfig):
+    name: str = "pfedavg"
+    architecture: list[int] = dataclasses.field(default_factory=lambda: [24, 40, 56])
+    finetune_epochs: int = 5
+    finetune_lr: float = 0.01  # with the shared optimizer and momentum
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 2 <= len(self.architecture) <= 3 or min(self.architecture) < 1:
+            raise bad("algorithm.architecture", self.architecture, "2 or 3 conv widths, each >= 1")
+        if self.finetune_epochs < 0:
+            raise bad("algorithm.finetune_epochs", self.finetune_epochs, "an integer >= 0")
+        if not self.finetune_lr > 0:
+            raise bad("algorithm.finetune_lr", self.finetune_lr, "a number > 0")
+
+
+@dataclasses.dataclass
+class PersonalizedFedAvg(FedAvgFamily):
+    cfg: PFedAvgConfig
+    name: str = "pfedavg"
+    roles: tuple[str, ...] = ("labeled", "test")
+
+    def __post_init__(self) -> None:
+        # The shared architecture replaces the configured model (same inputs and classes).
+        self.model = pool.make_pool_models(self.model, [tuple(self.cfg.architecture)])[0]
+        super().__post_init__()
+        c = self.cfg
+        self.finetune_tx = make_optimizer(c.optimizer, c.finetune_lr, c.momentum, c.weight_decay)
+        self.finetune_schedule = Schedule(c.batch_size, c.finetune_epochs, 0)
+
+    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
+        state = super().init(key, fed)
+        owns = label_spaces(fed.y, fed.roles["labeled"], self.model.num_classes)
+        return state.replace(extra={**state.extra, "owns": owns, "key": key})
+
+    def _personal_score(self, inp: dict, global_vars, x, y, eval_y, key) -> dict:
+        variables = global_vars
+        if self.cfg.finetune_epochs > 0:
+            variables, _ = fit_in_space(
+                self.model,
+                self.finetune_tx,
+                global_vars,
+                x,
+                inp["train"],
+                position_labels(y, inp["train"]),
+                inp["owns"],
+                self.finetune_schedule,
+                client_key(key, FINETUNE_SAMPLE, 0, inp["id"]),
+                client_key(key, FINETUNE_DROPOUT, 0, inp["id"]),
+            )
+        test, owns = inp["test"], inp["owns"]
+        return score_in_space(self.model, variables, x, eval_y, test, owns, self.eval_batch)
+
+    def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
+        """Every participant's accuracy with its fine-tuned copy of the global model."""
+        key = jax.random.fold_in(state.extra["key"], state.round)
+        xs = {
+            "id": jnp.arange(self.num_clients, dtype=jnp.int32),
+            "train": fed.roles["labeled"],
+            "test": fed.roles["test"],
+            "owns": state.extra["owns"],
+        }
+        r = mapper(self._personal_score, xs, state.global_vars, fed.x, fed.y, fed.eval_y, key)
+        acc = r["correct"] / jnp.maximum(r["count"], 1)
+        return {"accuracy": jnp.mean(acc), "personal_acc": jnp.mean(acc), "client_acc": acc}
+
+
+@register("pfedavg", PFedAvgConfig)
+def pfedavg(cfg: PFedAvgConfig, **kw) -> PersonalizedFedAvg:
+    return PersonalizedFedAvg(cfg, **kw)

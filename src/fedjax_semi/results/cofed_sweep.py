@@ -1,0 +1,242 @@
+"""CoFED's alpha and public-size sweeps (the paper's Fig. 6-8) and its Table 2 reference, with
+Steps 1-2 run once per (seed, setting) and shared by every center setting.
+
+Steps 1-2 (local training, the public set's labels) do not depend on alpha or on how many public
+rows the center votes on, so each (seed, variant) trains its participants once and then runs
+Steps 3-4 from that state for every (alpha, public_size) asked for (`CoFED.with_center`): the
+same numbers as separate runs with algorithm.alpha=..., algorithm.public_size=..., at a fraction
+of the cost.
+
+    python -m fedjax_semi.results.cofed_sweep --seeds 0,1,2 --variants iid,noniid \
+        --alphas 0,0.1,0.3,0.5,0.7,1 --sizes 500,1000,2000 --out sweep.jsonl [overrides ...]
+    python -m fedjax_semi.results.cofed_sweep --table sweep.jsonl [--plot fig.png]
+
+Overrides are Hydra overrides on top of +experiment=cofed_fmnist. Each (seed, variant, alpha,
+size) is one JSON line: the evaluation (accuracy, local_acc, rel_acc, min, max, ...), the
+pseudo-label counts and their accuracy against the hidden labels (scored on the host, after
+training).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from fedjax_semi.engine.loop import pseudo_label_accuracy
+from fedjax_semi.kernels import voting
+
+PRESET = "+experiment=cofed_fmnist"
+METRICS = ("accuracy", "local_acc", "rel_acc", "rel_acc_min", "rel_acc_max", "improved_frac")
+COUNTS = ("pl_sum_pk", "pl_union_pk", "pl_sum_ri")
+
+
+def compose(*overrides: str):
+    """The config `fedjax-semi` would run with these overrides."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from fedjax_semi.cli import CONF_DIR
+    from fedjax_semi.store import as_config, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return as_config(hydra_compose("config", overrides=list(overrides)))
+
+
+def _host(tree) -> dict:
+    return {k: np.asarray(v) for k, v in tree.items()}
+
+
+def in_space_scores(label: np.ndarray, index: np.ndarray, owns: np.ndarray, eval_y) -> dict:
+    """R_i's labels [C, M] (-1 = not kept) scored where the hidden class lies in the receiving
+    participant's label space (the only rows that can be right: a public sample of a class
+    outside Y_i gets one of Y_i's labels), and the share of R_i that lies there."""
+    truth = np.asarray(eval_y)[index]
+    kept = label >= 0
+    rows = np.arange(label.shape[0])[:, None]
+    inside = kept & (truth >= 0) & owns[rows, np.maximum(truth, 0)]
+    return {
+        "pl_acc_in_space": float(np.mean(label[inside] == truth[inside])) if inside.any() else None,
+        "in_space_share": float(inside.sum() / max(kept.sum(), 1)),
+    }
+
+
+def sweep_one(
+    seed: int,
+    variant: str,
+    centers: list[tuple[float, int]],
+    overrides: list[str],
+    count_alphas: list[float] = (),
+) -> list[dict]:
+    """Steps 1-2 once for (seed, variant), then Steps 3-4 for every (alpha, public_size); and
+    for every alpha of `count_alphas` Step 3 alone (the center's counts, no training: Fig. 7)."""
+    from fedjax_semi import experiment
+
+    cfg = compose(PRESET, f"seed={seed}", f"partition.cofed_variant={variant}", *overrides)
+    exp = experiment.build(cfg)
+    runner = exp.runner()
+    t0 = time.perf_counter()
+    state = jax.block_until_ready(runner.init())
+    t_steps12 = time.perf_counter() - t0
+    rows = []
+    data = exp.fed.train_view()
+    owns = np.asarray(state.extra["owns"])
+    for alpha in count_alphas:
+        key = jax.random.PRNGKey(seed)  # the center draws nothing (update_init=warm)
+        plan, _, _ = exp.alg.prepare(exp.alg.with_center(state, alpha), data, key)
+        counts = voting.pseudo_label_counts(plan.accept, plan.keep)
+        label = np.where(np.asarray(plan.keep), np.asarray(plan.label), -1)
+        index = np.broadcast_to(np.asarray(plan.public), label.shape)
+        rows.append(
+            {
+                "seed": seed,
+                "variant": variant,
+                "alpha": alpha,
+                "public_size": int(label.shape[1]),
+                "model_pool": cfg.algorithm.model_pool,
+                "num_clients": cfg.num_clients,
+                "counts_only": True,
+                **{f"pl_{k}": int(v) for k, v in counts.items()},
+                "pl_acc": pseudo_label_accuracy(index, label, exp.fed.eval_y),
+                **in_space_scores(label, index, owns, exp.fed.eval_y),
+                "overrides": overrides,
+            }
+        )
+    for alpha, size in centers:
+        t0 = time.perf_counter()
+        new, metrics = runner.round(exp.alg.with_center(state, alpha, size))
+        ev, m = _host(runner.evaluate(new)), _host(metrics)
+        row = {
+            "seed": seed,
+            "variant": variant,
+            "alpha": alpha,
+            "public_size": size or int(m["upload_labels_per_client"]),
+            "model_pool": cfg.algorithm.model_pool,
+            "num_clients": cfg.num_clients,
+            **{k: float(ev[k]) for k in METRICS},
+            **{k: int(m[k]) for k in COUNTS},
+            "pl_acc": pseudo_label_accuracy(m["pl_index"], m["pl_label"], exp.fed.eval_y),
+            **in_space_scores(m["pl_label"], m["pl_index"], owns, exp.fed.eval_y),
+            "client_acc": ev["client_acc"].tolist(),
+            "client_rel_acc": ev["client_rel_acc"].tolist(),
+            "steps12_s": t_steps12,
+            "steps34_s": time.perf_counter() - t0,
+            "overrides": overrides,
+        }
+        rows.append(row)
+    return rows
+
+
+def mean_std(values: list[float]) -> str:
+    v = np.asarray([x for x in values if x is not None], float)
+    if not len(v):
+        return "n/a"
+    return f"{v.mean():.3f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.3f}"
+
+
+def table(rows: list[dict], by: tuple[str, ...], metrics: tuple[str, ...]) -> str:
+    """Markdown: one line per setting `by`, mean ± std (sample std) over seeds of `metrics`."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[tuple(r[k] for k in by)].append(r)
+    head = "| " + " | ".join((*by, "seeds", *metrics)) + " |"
+    lines = [head, "|" + "---|" * (len(by) + 1 + len(metrics))]
+    for key in sorted(groups):
+        rs = groups[key]
+        cells = [mean_std([r[m] for r in rs]) for m in metrics]
+        lines.append("| " + " | ".join((*map(str, key), str(len(rs)), *cells)) + " |")
+    return "\n".join(lines)
+
+
+def _curve(rows: list[dict], x: str, y: str, variant: str, where: dict) -> tuple:
+    """(xs, mean, std) of y over seeds at each x, for one variant and the fixed keys `where`."""
+    pts: dict[float, list[float]] = defaultdict(list)
+    for r in rows:
+        if y in r and r["variant"] == variant and all(r[k] == v for k, v in where.items()):
+            pts[r[x]].append(r[y])
+    xs = sorted(pts)
+    return xs, [np.mean(pts[v]) for v in xs], [np.std(pts[v]) for v in xs]
+
+
+def plot(rows: list[dict], path: Path) -> Path:
+    """Fig. 6-8 of the paper from a sweep: the pseudo-label count and the mean relative accuracy
+    against alpha (at the largest public size), and the relative accuracy against the public
+    size (at alpha 0.3); mean and std over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    full = max(r["public_size"] for r in rows)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    panels = [
+        ("alpha", "pl_sum_pk", {"public_size": full}, "sum_k |P_k| (Fig. 7)"),
+        ("alpha", "rel_acc", {"public_size": full}, "mean relative accuracy (Fig. 8)"),
+        ("public_size", "rel_acc", {"alpha": 0.3}, "mean relative accuracy (Fig. 6)"),
+    ]
+    for ax, (x, y, where, title) in zip(axes, panels, strict=True):
+        for variant in sorted({r["variant"] for r in rows}):
+            xs, mean, std = _curve(rows, x, y, variant, where)
+            ax.errorbar(xs, mean, yerr=std, marker="o", capsize=3, label=variant)
+        ax.set_xlabel(x)
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        if y == "pl_sum_pk":
+            ax.set_yscale("symlog")
+        if x == "public_size":
+            ax.set_xscale("log")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--variants", default="iid,noniid")
+    ap.add_argument("--alphas", default="0.3")
+    ap.add_argument("--sizes", default="0", help="public rows the center uses; 0 = all")
+    ap.add_argument("--count-alphas", default="", help="alphas of the counts alone (Fig. 7)")
+    ap.add_argument("--out", default="cofed_sweep.jsonl")
+    ap.add_argument("--table", help="print the tables of a sweep's JSON lines and exit")
+    ap.add_argument("--plot", help="with --table: also draw Fig. 6-8 into this PNG")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args(argv)
+    if args.table:
+        rows = [json.loads(line) for line in Path(args.table).read_text().splitlines() if line]
+        trained = [r for r in rows if not r.get("counts_only")]
+        counted = [r for r in rows if r.get("counts_only")]
+        by = ("model_pool", "variant", "alpha", "public_size")
+        print(table(trained, by, METRICS + COUNTS + ("pl_acc", "pl_acc_in_space")))
+        if counted:
+            print()
+            print(table(counted, by, COUNTS + ("pl_acc", "pl_acc_in_space", "in_space_share")))
+        if args.plot:
+            print(f"wrote {plot(rows, Path(args.plot))}")
+        return
+    alphas = [float(a) for a in args.alphas.split(",")]
+    sizes = [int(s) for s in args.sizes.split(",")]
+    # The alpha sweep at the largest size, the size sweep at the first alpha.
+    centers = [(a, max(sizes) if 0 not in sizes else 0) for a in alphas]
+    centers += [(alphas[0], s) for s in sizes if (alphas[0], s) not in centers]
+    out = Path(args.out)
+    for seed in (int(s) for s in args.seeds.split(",")):
+        for variant in args.variants.split(","):
+            counted = [float(a) for a in args.count_alphas.split(",") if a]
+            for row in sweep_one(seed, variant, centers, list(args.overrides), counted):
+                with out.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                short = {k: v for k, v in row.items() if not k.startswith("client_")}
+                print(json.dumps(short), flush=True)
+
+
+if __name__ == "__main__":
+    main()
