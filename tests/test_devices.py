@@ -19,24 +19,28 @@ SCRIPT = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     from conftest import compose_config
     from fedjax_semi import experiment
-    out = {{}}
+    def two_rounds(runner):
+        state = runner.init()
+        for _ in range(2):
+            state, m = runner.round(state)
+        return state, m
+
+    out, exps = {{}}, {{}}
     for devices in (1, 4):
         cfg = compose_config("algorithm=fedavg", "hardware.chunk=all",
                              f"hardware.devices={{devices}}")
-        exp = experiment.build(cfg)
+        exp = exps[devices] = experiment.build(cfg)
         runner = exp.runner()
-        state = runner.init()
-        for _ in range(2):
-            state, m = runner.round(state)
+        state, m = two_rounds(runner)
         ev = runner.evaluate(state)
         out[devices] = {{"loss": float(m["train_loss"]), "acc": ev["client_acc"].tolist()}}
-        cfg = compose_config("algorithm=fedavg", "hardware.chunk=all",
-                             f"hardware.devices={{devices}}", "replicas=2")
-        runner = experiment.build(cfg).runner()  # two seeds, each cohort sharded
-        state = runner.init()
-        for _ in range(2):
-            state, m = runner.round(state)
-        out[f"replicas_{{devices}}"] = m["train_loss"].tolist()
+    # The replicas' seeds 0 and 1, each run alone on one device (one compiled program: the seed
+    # is an argument), against two replicas with each cohort sharded over four devices.
+    out["seeds_1"] = [float(two_rounds(exps[1].runner(seed=s))[1]["train_loss"]) for s in (0, 1)]
+    cfg = compose_config("algorithm=fedavg", "hardware.chunk=all", "hardware.devices=4",
+                         "seed=0", "replicas=2")
+    out["replicas_4"] = two_rounds(experiment.build(cfg).runner())[1]["train_loss"].tolist()
+    for devices in (1, 4):
         for alg in ("fedavg", "fedbn_sl"):  # all leaves shared; BatchNorm leaves personal
             cfg = compose_config(f"algorithm={{alg}}", "hardware.chunk=all",
                                  f"hardware.devices={{devices}}")
@@ -68,8 +72,8 @@ def test_four_devices_match_one():
     assert out["devices"] == 4
     assert abs(out["1"]["loss"] - out["4"]["loss"]) < 1e-4
     assert max(abs(a - b) for a, b in zip(out["1"]["acc"], out["4"]["acc"], strict=True)) < 1e-4
-    one, four = out["replicas_1"], out["replicas_4"]
-    assert len(one) == 2 and one[0] != one[1]
+    one, four = out["seeds_1"], out["replicas_4"]  # seeds 0, 1: alone on 1 device; replicas on 4
+    assert len(one) == 2 and one[0] != one[1] and one[0] == out["1"]["loss"]
     assert max(abs(a - b) for a, b in zip(one, four, strict=True)) < 1e-4
     for alg in ("fedavg", "fedbn_sl"):
         assert out[f"{alg}_1"] == {}, out  # one device: no collectives at all

@@ -14,6 +14,7 @@ from fedjax_semi.engine.simulate import Runner
 
 EXTRA = {
     "fedavg_pl": ["algorithm.pl_threshold=0.3", "algorithm.pl_warmup_rounds=0"],
+    "fedprox": ["algorithm.prox_mu=0.1"],
     **{
         n: ["algorithm.pl_threshold=0.3"]
         for n in ("fixavg", "fixprox", "fixbn", "fedper", "lg_fedavg", "pfedme")
@@ -39,8 +40,10 @@ def corrupt_unlabeled(fed):
 
 
 # um_pfssl: tests/test_um_pfssl.py::test_hidden_labels_change_nothing; the methods whose
-# mappings test_equivalence.py compares are checked there, on the programs it compiles anyway.
-OWN_RUNS = ("dofed_spp", "fedbe", "fedfomo")
+# mappings test_equivalence.py compares in the fast suite are checked there, on the programs it
+# compiles anyway. The FedAvg-family members it maps only in make test-slow are checked here
+# (one compiled round each instead of its three backends).
+OWN_RUNS = ("dofed_spp", "fedbe", "fedfomo", "fedper", "fedprox", "fixbn", "fixprox", "local")
 
 
 @pytest.mark.parametrize("name", OWN_RUNS)

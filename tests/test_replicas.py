@@ -42,11 +42,12 @@ def rows_of(runner: Runner, rounds: int) -> tuple[list[dict], object]:
     return out, state
 
 
-# UM-pFSSL's case compiles four round variants three times (replicas, and each seed alone):
-# a long check (make test-slow); its mappings agree in test_um_pfssl.py, and the replica axis is
-# checked here on FedAvg-PL and DoFed-SPP (a warm-up, the clock) in the fast suite.
+# Each case compiles its rounds three times (replicas, replicas looped or each seed alone): the
+# replica axis is one mechanism over any method, so the fast suite checks it on FedAvg-PL (the
+# thresholded pseudo-label branch draws on the key, and the looped replicas agree too), and make
+# test-slow adds UM-pFSSL (its round flags) and DoFed-SPP (a warm-up, the clock).
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "um_pfssl" else n for n in CASES]
+    "name", [n if n == "fedavg_pl" else pytest.param(n, marks=pytest.mark.slow) for n in CASES]
 )
 def test_replica_r_is_the_run_of_seed_r_alone(name):
     exp = experiment.build(compose_config(*CASES[name]))
@@ -108,10 +109,10 @@ def test_run_writes_one_directory_per_seed_and_the_report_groups_them(tmp_path):
 
 
 def test_each_replica_stops_on_its_own_rule_and_resume_continues(tmp_path):
-    """stop.target=0.3: the seeds reach it in different rounds; a stopped replica keeps its
-    state and writes no more rows while the other goes on. A run killed after its checkpoint
-    and resumed writes the same rows."""
-    over = ("algorithm=fedavg", "rounds=8", "checkpoint_every=1", "seed=3", "replicas=3")
+    """stop.target=0.3: the seeds reach it in different rounds (seed 4 in round 2, seed 3 in
+    round 3); a stopped replica keeps its state and writes no more rows while the other goes on.
+    A run killed after its checkpoint and resumed writes the same rows."""
+    over = ("algorithm=fedavg", "rounds=8", "checkpoint_every=1", "seed=3", "replicas=2")
     stop = ("stop.target=0.3", "stop.metric=accuracy")
     full = experiment.run(experiment.build(compose_config(*over, *stop)), tmp_path / "full")
     done = {p["seed"]: p["rounds_completed"] for p in full["per_seed"]}
