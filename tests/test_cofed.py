@@ -172,8 +172,8 @@ def test_local_models_are_kept_and_scored_before_the_round(ran):
 def test_alpha_bounds_on_the_uploads(exp, ran, alpha):
     """alpha = 1 selects nothing (Eq. 18 is strict); alpha = 0 any voted class, so the
     participants' tables hold all of D_i plus R_i."""
-    alg = dataclasses.replace(exp.alg, cfg=dataclasses.replace(exp.alg.cfg, alpha=alpha))
-    state, data = ran[0], exp.fed.train_view()
+    alg = exp.alg
+    state, data = alg.with_center(ran[0], alpha), exp.fed.train_view()
     plan, inputs, _ = alg.prepare(state, data, jax.random.PRNGKey(0))
     keep = np.asarray(plan.keep)
     if alpha == 1.0:
