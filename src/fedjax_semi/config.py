@@ -83,6 +83,9 @@ class DatasetConfig:
     server_pool: str | None = None
     server_pool_dir: str | None = None
     server_pool_size: int = 0  # random subset of the second dataset (0 = all of it)
+    # Keep the second dataset's labels, visible, as classes K .. K+P-1 after the task's K (FedMD's
+    # labeled public set, its Sec. 2); false = an unlabeled pool.
+    server_pool_labels: bool = False
     # Text datasets: vocabulary size (incl. padding and unknown ids) and sequence length.
     vocab_size: int = 20000
     seq_len: int = 128

@@ -75,6 +75,15 @@ FINETUNE_SAMPLE = 54  # personalized FedAvg's fine-tuning minibatch order (at ev
 FINETUNE_DROPOUT = 55  # its dropout
 COFED_PUBLIC_ORDER = 56  # the order in which CoFED's center takes public rows (public_size)
 
+# ---- FedMD (70-76): transfer learning, the alignment subset, digest and revisit -----------
+FEDMD_PUBLIC_SAMPLE = 70  # transfer learning on the labeled public set: minibatch order
+FEDMD_PUBLIC_DROPOUT = 71  # its dropout
+FEDMD_PRIVATE_SAMPLE = 72  # training on the private set (transfer learning and revisit)
+FEDMD_PRIVATE_DROPOUT = 73  # its dropout
+FEDMD_ALIGN = 74  # each round's alignment subset of the public set
+FEDMD_DIGEST_SAMPLE = 75  # digest: minibatch order over the alignment subset
+FEDMD_DIGEST_DROPOUT = 76  # its dropout
+
 # ---- folded into an already derived key, not into the seed key --------------------------------
 AUGMENT_STREAM = 7919  # a training step's key -> its augmentation draws (engine.train)
 
