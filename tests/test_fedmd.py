@@ -70,9 +70,7 @@ def ran(exp):
 def test_labeled_pool_is_visible_after_the_tasks_classes(exp):
     public = np.asarray(exp.fed.server["public"])
     y, eval_y = np.asarray(exp.fed.y), np.asarray(exp.fed.eval_y)
-    assert len(public) == 200 and public.min() >= len(exp.dataset.x_train) + len(
-        exp.dataset.x_test
-    )
+    assert len(public) == 200 and public.min() >= len(exp.dataset.x_train) + len(exp.dataset.x_test)
     np.testing.assert_array_equal(y[public], eval_y[public])
     assert y[public].min() >= K and y[public].max() < K + P
     # The same pool without its labels is unlabeled, as CoFED's public set.
@@ -120,7 +118,9 @@ def test_grouped_program_equals_reference_loop(exp, ran):
     np.testing.assert_allclose(
         np.asarray(new.extra["scores"]), np.asarray(new2.extra["scores"]), atol=2e-3, rtol=1e-3
     )
-    np.testing.assert_allclose(np.asarray(ev["client_acc"]), np.asarray(ev2["client_acc"]), atol=0.02)
+    np.testing.assert_allclose(
+        np.asarray(ev["client_acc"]), np.asarray(ev2["client_acc"]), atol=0.02
+    )
 
 
 def test_hidden_labels_never_reach_training(exp, ran):
