@@ -6,6 +6,8 @@ loop, hidden labels, the labeled pool's plumbing and bad input."""
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -177,3 +179,38 @@ def test_bad_input_one_line(overrides, key):
 def test_labels_for_a_missing_pool_are_refused():
     with pytest.raises(ConfigError, match="dataset.server_pool_labels"):
         experiment.build(compose_config("algorithm=fedavg", "dataset.server_pool_labels=true"))
+
+
+def test_table2_ratios_from_runs_and_cofed_lines(tmp_path, capsys):
+    """Table 2's tool: per seed the mean over participants of acc(baseline) / acc(CoFED) at the
+    baseline's last evaluation, and the best round on the mean accuracy."""
+    from fedjax_semi.results import cofed_table2
+
+    lines = []
+    for seed, ref in ((0, [0.8, 0.5]), (1, [0.5, 0.5])):
+        lines.append(
+            {"seed": seed, "variant": "iid", "alpha": 0.3, "public_size": 1000,
+             "model_pool": "table1", "client_acc": ref}
+        )  # fmt: skip
+        d = tmp_path / "runs" / f"iid_s{seed}"
+        d.mkdir(parents=True)
+        (d / "run_config.json").write_text(
+            json.dumps({"seed": seed, "partition": {"cofed_variant": "iid"}})
+        )
+        (d / "summary.json").write_text('{"client_acc": [0.4, 0.5], "rounds_completed": 4}')
+        curve = [{"round": 2, "accuracy": 0.6}, {"round": 3}, {"round": 4, "accuracy": 0.45}]
+        (d / "metrics.jsonl").write_text("\n".join(map(json.dumps, curve)))
+    (tmp_path / "cofed.jsonl").write_text("\n".join(map(json.dumps, lines)))
+    runs = cofed_table2.run_rows(tmp_path / "runs")
+    res = cofed_table2.compare(
+        "fedmd", runs, cofed_table2.cofed_rows(tmp_path / "cofed.jsonl", "table1")
+    )
+    finals = [r["final"] for r in res["iid"]]
+    np.testing.assert_allclose(finals, [(0.5 + 1.0) / 2, (0.8 + 1.0) / 2])
+    assert [r["best_round"] for r in res["iid"]] == [2, 2]
+    np.testing.assert_allclose([r["best_of_means"] for r in res["iid"]], [0.6 / 0.65, 0.6 / 0.5])
+    cofed_table2.main(
+        ["--cofed", str(tmp_path / "cofed.jsonl"), "--runs", f"fedmd={tmp_path / 'runs'}"]
+    )
+    out = capsys.readouterr().out
+    assert "| fedmd | iid | table1 | 2 |" in out and "0.87" in out
