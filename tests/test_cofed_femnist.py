@@ -182,5 +182,7 @@ def test_cofed_fmnist_ood_changes_only_the_public_set(femnist):
     }
     # The public set: 1,000 of the 8x8 digits, upsampled to the task's 28x28x1.
     cfg = compose_config("+experiment=cofed_fmnist_ood", small=False)
-    public = experiment.server_pool(cfg, femnist)["public"]
+    images, labels = experiment.server_pool(cfg, femnist, first_label=10)
+    public = images["public"]
     assert public.shape == (1000, 28, 28, 1) and public.dtype == np.uint8
+    assert labels == {}  # an unlabeled pool: CoFED's public set
