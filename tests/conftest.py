@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -95,10 +96,17 @@ SMALL = [
 ]
 
 
+@functools.cache
+def _register_configs_once() -> None:
+    """The schemas go into Hydra's (process-wide) ConfigStore once: storing them again is the
+    same store, and took a third of each compose (0.27 s)."""
+    register_configs()
+
+
 def compose_hydra(*overrides: str, small: bool = True) -> DictConfig:
     """The Hydra config `fedjax-semi` would hand its task with these overrides on top of SMALL
     (before any of our own checks)."""
-    register_configs()
+    _register_configs_once()
     mine = {o.split("=")[0] for o in overrides}
     base = [o for o in (SMALL if small else []) if o.split("=")[0] not in mine]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -94,9 +94,9 @@ def test_chunk_and_reference_agree(name):
 def test_every_method_has_a_hidden_label_check():
     """Each method that may not read hidden labels is checked in the fast suite: here (the
     members mapped in the fast suite), in test_isolation.py or in its own file (UM-pFSSL;
-    CoFED and Personalized FedAvg in test_cofed.py)."""
+    CoFED and Personalized FedAvg in test_cofed.py, FedMD in test_fedmd.py)."""
     assert set(FAST_MAPPED) | set(ORACLES) <= set(MAPPED)
-    checked_fast = set(FAST_MAPPED) | set(OWN_RUNS) | {"um_pfssl", "cofed", "pfedavg"}
+    checked_fast = set(FAST_MAPPED) | set(OWN_RUNS) | {"um_pfssl", "cofed", "pfedavg", "fedmd"}
     assert set(algorithm_names()) - set(ORACLES) == checked_fast, "a method without a check"
     assert not set(ORACLES) & checked_fast  # an oracle reads them: its check would fail
 

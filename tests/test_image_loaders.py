@@ -1,7 +1,8 @@
 """Image dataset loaders on tiny fixtures written in the real on-disk formats.
 
 CIFAR python pickles (bytes keys), SVHN MATLAB files (scipy.io.savemat), STL-10 raw
-column-major binaries, LEAF json, and a TFDS array_record dataset built in tmp_path.
+column-major binaries, LEAF json, Chars74K's PNG folders (Pillow) and a TFDS array_record
+dataset built in tmp_path.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedjax_semi.data import registry
+from fedjax_semi.data import images, registry
 from fedjax_semi.data.registry import FILE_SPECS, DatasetNotFoundError, load_dataset
+from fedjax_semi.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("isolated_data_env")
 
@@ -262,6 +264,81 @@ def test_femnist_leaf_json_and_writers(tmp_path):
     assert ds.extra["writer_test"].tolist() == [0, 2, 2]
 
 
+# ----------------------------------------------------------------------------- Chars74K Kannada
+
+# A horizontal ramp, 40 wide and 20 high (light: its median is 158): every square crop of it is
+# a ramp too, so its columns tell where a crop lay and how wide it was.
+RAMP = np.tile(100 + 3 * np.arange(40), (20, 1)).astype(np.uint8)
+
+
+def write_chars74k_kannada(root: Path) -> dict[str, int]:
+    """KannadaHnd.tgz as unpacked: ``Kannada/Hnd/Img/SampleNNN/imgNNN-MMM.png`` (and the stroke
+    files in ``Trg/``, which the loader ignores). Classes 1, 2 and 12, two images each, in
+    grayscale, RGB and (one) dark-background modes. Returns {path below Img/: class - 1}."""
+    from PIL import Image
+
+    hnd = root / "Kannada" / "Hnd"
+    written = {}
+    for c in (1, 2, 12):
+        for m in (1, 2):
+            folder = hnd / "Img" / f"Sample{c:03d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            if (c, m) == (2, 2):
+                im = Image.fromarray(255 - RAMP)  # a dark background: the loader flips it
+            elif m == 2:
+                im = Image.fromarray(np.repeat(RAMP[..., None], 3, axis=2))  # RGB
+            else:
+                im = Image.fromarray(RAMP)
+            im.save(folder / f"img{c:03d}-{m:03d}.png")
+            written[f"Sample{c:03d}/img{c:03d}-{m:03d}.png"] = c - 1
+        (hnd / "Trg" / f"Sample{c:03d}").mkdir(parents=True, exist_ok=True)
+        (hnd / "Trg" / f"Sample{c:03d}" / f"img{c:03d}-001.m").write_text("% strokes\n")
+    return written
+
+
+def test_kannada_crops(tmp_path):
+    written = write_chars74k_kannada(tmp_path / "chars74k")
+    ds = load_dataset("kannada", data_dir=str(tmp_path / "chars74k"), crops=125)
+    assert ds.x_train.shape == (125, 28, 28, 1) and ds.x_train.dtype == np.uint8
+    assert ds.x_test.shape == (0, 28, 28, 1) and ds.y_test.shape == (0,)
+    assert ds.num_classes == 12
+    assert ds.extra["files"].tolist() == sorted(written)
+    src = ds.extra["source"]
+    assert sorted(np.bincount(src, minlength=6).tolist()) == [20] * 1 + [21] * 5
+    np.testing.assert_array_equal(ds.y_train, [written[ds.extra["files"][i]] for i in src])
+    x = ds.x_train[..., 0].astype(np.int64)
+    # Every crop is a piece of the light ramp, the dark-background image's included (flipped):
+    # identical rows, columns rising left to right.
+    assert (x == x[:, :1, :]).all()
+    assert (np.diff(x[:, 0, :], axis=1) >= 0).all()
+    # Square crops of 10..20 px (50-100% of the shorter side; smaller than 28 here, so the box
+    # filter repeats pixels): the ramp rises 3 a pixel, a crop of side c spans 3 (c - 1).
+    side = (x[:, 0, -1] - x[:, 0, 0]) / 3 + 1
+    assert set(side) <= set(range(10, 21)) and len(set(side)) >= 8
+    assert len(np.unique(x[:, 0, 0])) > 10  # at many positions
+    assert x.min() >= 100  # the flipped image is 38..155 falling: none of it left as it was
+    again = load_dataset("kannada", data_dir=str(tmp_path / "chars74k" / "Kannada"), crops=125)
+    np.testing.assert_array_equal(again.x_train, ds.x_train)  # deterministic; found deeper too
+    other = load_dataset("kannada", data_dir=str(tmp_path / "chars74k"), crops=125, seed=1)
+    assert not np.array_equal(other.x_train, ds.x_train)
+    with pytest.raises(ConfigError, match=r"^crops=0 is not allowed"):
+        load_dataset("kannada", data_dir=str(tmp_path / "chars74k"), crops=0)
+
+
+def test_png_transparent_background_reads_white(tmp_path):
+    from PIL import Image
+
+    rgba = np.zeros((6, 5, 4), np.uint8)  # transparent black
+    rgba[2, :, 3] = 255  # one opaque black stroke
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "a.png")
+    gray = images.read_png_gray(tmp_path / "a.png")
+    assert gray.shape == (6, 5) and gray.dtype == np.uint8
+    assert (gray[2] == 0).all() and (np.delete(gray, 2, axis=0) == 255).all()
+    (tmp_path / "b.png").write_bytes(b"not a png")
+    with pytest.raises(ValueError, match="b.png: not a readable PNG"):
+        images.read_png_gray(tmp_path / "b.png")
+
+
 # ----------------------------------------------------------------------------- not found
 
 SOURCES = {
@@ -270,6 +347,7 @@ SOURCES = {
     "svhn": "ufldl.stanford.edu/housenumbers",
     "stl10": "stl10_binary.tar.gz",
     "femnist": "github.com/TalwalkarLab/leaf",
+    "kannada": "KannadaHnd.tgz",
 }
 
 

@@ -83,6 +83,9 @@ class DatasetConfig:
     server_pool: str | None = None
     server_pool_dir: str | None = None
     server_pool_size: int = 0  # random subset of the second dataset (0 = all of it)
+    # Keep the second dataset's labels, visible, as classes K .. K+P-1 after the task's K (FedMD's
+    # labeled public set, its Sec. 2); false = an unlabeled pool.
+    server_pool_labels: bool = False
     # Text datasets: vocabulary size (incl. padding and unknown ids) and sequence length.
     vocab_size: int = 20000
     seq_len: int = 128
@@ -122,7 +125,7 @@ class PartitionConfig:
     normal_size_mode: str = "per_class"  # NORMAL sizes: per_class | fixed_total (A7)
     overlap: str = "allow"  # samples shared across clients: allow (only when short) | none (A8)
     # --- CoFED (Cao et al., its Sec. 5.2: CIFAR-100 superclasses as tasks; scheme cofed)
-    cofed_variant: str = "iid"  # iid | noniid (1..cofed_max_subclasses subclasses per task)
+    cofed_variant: str = "iid"  # iid | noniid (1..cofed_max_subclasses subclasses) | writers
     cofed_min_classes: int = 6  # tasks per participant ~ U{min..max} (paper: 6 to 8; U: ours)
     cofed_max_classes: int = 8
     samples_per_class: int = 50  # private training samples per owned task (the paper's)
@@ -130,6 +133,13 @@ class PartitionConfig:
     # Held-out share of the train split = the server's public set (the paper uses CIFAR-10's
     # train set, see dataset.server_pool; docs/deviations.md, Partitions).
     public_fraction: float = 0.2
+    # cofed_variant=writers (its Sec. 5.3, FEMNIST): the num_clients writers with the most samples
+    # are the participants, each with a random cofed_train_share of its samples as D_i (0.4, the
+    # paper's) and the rest as its test set; Y_i = the classes of D_i (present) or all classes
+    # (all: spec [REC]; test rows outside Y_i are dropped with present). Same value as
+    # algorithm.label_space for CoFED.
+    cofed_train_share: float = 0.4
+    cofed_label_space: str = "present"
     # --- CFSL (Hamood et al., its Sec. VII-A and Table II; scheme cfsl)
     num_edges: int = 3  # edge servers J (Table II); workers joined at random, balanced (ours)
     cfsl_clusters: int = 2  # latent worker groups (cluster structure to recover)
@@ -379,6 +389,15 @@ def validate(cfg: Config) -> None:
         if getattr(cfg, key) < 1:
             raise bad(key, getattr(cfg, key), "an integer >= 1")
     check_partition(p)
+    space = getattr(cfg.algorithm, "label_space", None)  # CoFED's Y_i
+    writers = p.scheme == "cofed" and p.cofed_variant == "writers"
+    if writers and space is not None and space != p.cofed_label_space:
+        raise bad(
+            "algorithm.label_space",
+            space,
+            f"{p.cofed_label_space!r} as partition.cofed_label_space (the label spaces the "
+            "participants train in and the test rows they keep must agree)",
+        )
     chunk = parse_chunk("hardware.chunk", h.chunk, auto=True)
     parse_chunk("hardware.eval_chunk", h.eval_chunk)
     parse_chunk("hardware.replica_chunk", h.replica_chunk)

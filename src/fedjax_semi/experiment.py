@@ -141,11 +141,17 @@ def client_views(ds: ArrayDataset, part: Partition):
 SERVER_POOL_ROLE = {"ada": "server_unlabeled", "cofed": "public"}
 
 
-def server_pool(cfg: Config, ds: ArrayDataset) -> dict[str, np.ndarray] | None:
-    """{server set: images} of the cross-dataset variant (dataset.server_pool), if any."""
+def server_pool(
+    cfg: Config, ds: ArrayDataset, first_label: int
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """({server set: images}, {server set: labels}) of the cross-dataset variant
+    (dataset.server_pool); labels only with dataset.server_pool_labels, numbered from
+    `first_label` (after the task's classes). Both empty without a second dataset."""
     d = cfg.dataset
     if not d.server_pool:
-        return None
+        if d.server_pool_labels:
+            raise bad("dataset.server_pool_labels", True, "false without dataset.server_pool")
+        return {}, {}
     scheme = cfg.partition.scheme
     if scheme not in SERVER_POOL_ROLE:
         raise bad(
@@ -155,13 +161,20 @@ def server_pool(cfg: Config, ds: ArrayDataset) -> dict[str, np.ndarray] | None:
             f"{sorted(SERVER_POOL_ROLE)}",
         )
     other = load_dataset(d.server_pool, d.server_pool_dir)
-    x = other.x_train
+    x, y = other.x_train, other.y_train
     if "x_unlabeled" in other.extra:  # STL-10's unlabeled split belongs in a server pool
+        if d.server_pool_labels:
+            raise bad(
+                "dataset.server_pool_labels", True, f"false for {d.server_pool} (unlabeled rows)"
+            )
         x = np.concatenate([x, np.asarray(other.extra["x_unlabeled"])])
     if d.server_pool_size:
         rng = np.random.default_rng([data_seed(cfg), 7])
-        x = x[np.sort(rng.choice(len(x), min(d.server_pool_size, len(x)), replace=False))]
-    return {SERVER_POOL_ROLE[scheme]: resize_images(x, ds.x_train.shape[1:])}
+        keep = np.sort(rng.choice(len(x), min(d.server_pool_size, len(x)), replace=False))
+        x, y = x[keep], (y[keep] if d.server_pool_labels else y)
+    role = SERVER_POOL_ROLE[scheme]
+    labels = {role: (np.asarray(y) + first_label).astype(np.int32)} if d.server_pool_labels else {}
+    return {role: resize_images(x, ds.x_train.shape[1:])}, labels
 
 
 def resize_images(x: np.ndarray, shape: tuple[int, ...], batch: int = 2048) -> np.ndarray:
@@ -201,9 +214,8 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
     if d.subclusters:
         ds = with_subclusters(ds, d.subclusters, data_seed(cfg))
     part = make_partition(cfg, ds)
-    fed = build_federated(
-        *client_views(ds, part), part, num_classes(ds, part), server_pool(cfg, ds)
-    )
+    k = num_classes(ds, part)
+    fed = build_federated(*client_views(ds, part), part, k, *server_pool(cfg, ds, k))
     m = cfg.model
     dropout = m.dropout
     if cfg.algorithm.model_dropout is not None:

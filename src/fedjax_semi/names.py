@@ -16,6 +16,7 @@ ALGORITHM_NAMES: tuple[str, ...] = (
     "fedbe",
     "fedbn_sl",
     "fedfomo",
+    "fedmd",
     "fedper",
     "fedprox",
     "fedprox_sl",

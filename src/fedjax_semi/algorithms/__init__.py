@@ -6,6 +6,7 @@ from fedjax_semi.algorithms import (  # noqa: F401  (register methods)
     fedavg,
     fedbe,
     fedfomo,
+    fedmd,
     pfedavg,
     pfedme,
     um_pfssl,

@@ -58,6 +58,7 @@ PyTree = Any
 
 VOTE_WEIGHTS = ("uniform", "data_size")
 UPDATE_INITS = ("warm", "scratch")
+LABEL_SPACES = ("present", "all")
 
 
 @dataclasses.dataclass
@@ -80,6 +81,9 @@ class CoFEDConfig(AlgorithmConfig):
     # Public rows the center votes on: a random subset of this size (nested across sizes, Fig.
     # 6's sweep); 0 = the whole public set. Participants label every row regardless.
     public_size: int = 0
+    # Y_i: the classes among the participant's private labels (present; the CIFAR setup draws
+    # them) or all K classes for everyone (all: FEMNIST's [REC], partition.cofed_label_space).
+    label_space: str = "present"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -90,6 +94,7 @@ class CoFEDConfig(AlgorithmConfig):
         check_choice("algorithm.vote_weights", self.vote_weights, VOTE_WEIGHTS)
         check_choice("algorithm.model_pool", self.model_pool, pool.POOLS)
         check_choice("algorithm.update_init", self.update_init, UPDATE_INITS)
+        check_choice("algorithm.label_space", self.label_space, LABEL_SPACES)
         if not 1 <= self.table1_models <= len(pool.TABLE1):
             raise bad("algorithm.table1_models", self.table1_models, "an integer in [1, 10]")
         for key in ("update_epochs", "update_batch_size", "predict_batch"):
@@ -197,7 +202,10 @@ class CoFED(Method):
                 "a share that leaves CoFED a public set (partition=cofed), or dataset.server_pool",
             )
         groups = tuple(self._init_group(g, key) for g in range(len(self.models)))
-        owns = label_spaces(fed.y, fed.roles["labeled"], self.k)  # visible labels only
+        if self.cfg.label_space == "all":
+            owns = jnp.ones((self.num_clients, self.k), bool)
+        else:
+            owns = label_spaces(fed.y, fed.roles["labeled"], self.k)  # visible labels only
         m = public.shape[0]
         if self.cfg.public_size > m:
             raise bad(

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_semi.data.federated import RoleTable
+from fedjax_semi.engine.keys import FINETUNE_DROPOUT, FINETUNE_SAMPLE, client_key
 from fedjax_semi.engine.train import Schedule, cross_entropy, local_scan, masked_mean
 from fedjax_semi.kernels.voting import masked_argmax
 from fedjax_semi.models.zoo import Model
@@ -116,3 +117,37 @@ def score_in_space(
     pred = predict_in_space(model, variables, x, table.idx, owns, batch)
     valid = jnp.arange(table.idx.shape[0]) < table.count
     return {"correct": jnp.sum((pred == labels[table.idx]) & valid), "count": table.count}
+
+
+def finetune_and_score(
+    model: Model,
+    tx: optax.GradientTransformation,
+    schedule: Schedule,
+    variables: PyTree,
+    data: tuple[jax.Array, jax.Array, jax.Array],
+    train: RoleTable,
+    test: RoleTable,
+    owns: jax.Array,
+    key: jax.Array,
+    client: jax.Array,
+    batch: int,
+) -> dict:
+    """A participant's personalised score (CoFED's baselines, Sec. 5.8): a copy of `variables`
+    fine-tuned on its own rows `train` inside owns [K] (skipped when the schedule has no epoch),
+    scored on its rows `test` with argmax over owns. data = (x [N, ...], visible y [N], true
+    eval_y [N]); the true labels are read only for the score."""
+    x, y, eval_y = data
+    if schedule.epochs > 0:
+        variables, _ = fit_in_space(
+            model,
+            tx,
+            variables,
+            x,
+            train,
+            position_labels(y, train),
+            owns,
+            schedule,
+            client_key(key, FINETUNE_SAMPLE, 0, client),
+            client_key(key, FINETUNE_DROPOUT, 0, client),
+        )
+    return score_in_space(model, variables, x, eval_y, test, owns, batch)

@@ -23,14 +23,8 @@ import jax.numpy as jnp
 
 from fedjax_semi.algorithms.base import FLState, Mapper, register
 from fedjax_semi.algorithms.fedavg import FedAvgConfig, FedAvgFamily
-from fedjax_semi.algorithms.label_spaces import (
-    fit_in_space,
-    label_spaces,
-    position_labels,
-    score_in_space,
-)
+from fedjax_semi.algorithms.label_spaces import finetune_and_score, label_spaces
 from fedjax_semi.data.federated import FederatedData
-from fedjax_semi.engine.keys import FINETUNE_DROPOUT, FINETUNE_SAMPLE, client_key
 from fedjax_semi.engine.train import Schedule, make_optimizer
 from fedjax_semi.errors import bad
 from fedjax_semi.models import pool
@@ -75,22 +69,19 @@ class PersonalizedFedAvg(FedAvgFamily):
         return state.replace(extra={**state.extra, "owns": owns, "key": key})
 
     def _personal_score(self, inp: dict, global_vars, x, y, eval_y, key) -> dict:
-        variables = global_vars
-        if self.cfg.finetune_epochs > 0:
-            variables, _ = fit_in_space(
-                self.model,
-                self.finetune_tx,
-                global_vars,
-                x,
-                inp["train"],
-                position_labels(y, inp["train"]),
-                inp["owns"],
-                self.finetune_schedule,
-                client_key(key, FINETUNE_SAMPLE, 0, inp["id"]),
-                client_key(key, FINETUNE_DROPOUT, 0, inp["id"]),
-            )
-        test, owns = inp["test"], inp["owns"]
-        return score_in_space(self.model, variables, x, eval_y, test, owns, self.eval_batch)
+        return finetune_and_score(
+            self.model,
+            self.finetune_tx,
+            self.finetune_schedule,
+            global_vars,
+            (x, y, eval_y),
+            inp["train"],
+            inp["test"],
+            inp["owns"],
+            key,
+            inp["id"],
+            self.eval_batch,
+        )
 
     def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
         """Every participant's accuracy with its fine-tuned copy of the global model."""

@@ -105,19 +105,26 @@ def build_federated(
     partition: Partition,
     num_classes: int,
     server_extra: dict[str, np.ndarray] | None = None,
+    server_labels: dict[str, np.ndarray] | None = None,
 ) -> FederatedData:
     """Put the data on the device once and index it per client and role.
 
     server_extra: server sets made of other inputs (a second dataset's images for a
     cross-dataset pool), appended after the test split; they replace the partition's set of
-    that name and their labels are unknown (-1).
+    that name and their labels are unknown (-1), unless server_labels gives them (a labeled
+    pool, e.g. FedMD's public set: visible, in their own classes after the task's).
     """
     extra = server_extra or {}
+    known = server_labels or {}
     x = np.concatenate([x_train, x_test, *extra.values()])
-    eval_y = np.concatenate(
-        [y_train, y_test, *(np.full(len(v), -1) for v in extra.values())]
-    ).astype(np.int32)
+    pool_y = [np.asarray(known.get(k, np.full(len(v), -1))) for k, v in extra.items()]
+    eval_y = np.concatenate([y_train, y_test, *pool_y]).astype(np.int32)
     y = np.full_like(eval_y, -1)
+    start = len(x_train) + len(x_test)
+    for name, xs in extra.items():
+        if name in known:
+            y[start : start + len(xs)] = eval_y[start : start + len(xs)]
+        start += len(xs)
     roles = {}
     for role, lists in partition.clients.items():
         idx, count = pad_table(lists)

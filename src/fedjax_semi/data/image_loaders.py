@@ -7,6 +7,8 @@ No jax here: the data layer stays importable and testable without an accelerator
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from fedjax_semi.data import images
 from fedjax_semi.data.dataset import ArrayDataset, DatasetNotFoundError
 from fedjax_semi.data.formats import read_idx
 from fedjax_semi.data.lookup import IDX_FILES, locate_files, locate_idx
+from fedjax_semi.errors import bad
 
 __all__ = [
     "TFDS_PREFIX",
@@ -24,6 +27,7 @@ __all__ = [
     "load_digits",
     "load_fashion_mnist",
     "load_femnist",
+    "load_kannada_crops",
     "load_mnist",
     "load_stl10",
     "load_svhn",
@@ -204,6 +208,93 @@ def load_femnist(data_dir: str | None = None) -> ArrayDataset:
         "writer_test": np.array([index[u] for u in users_test], dtype=np.int32),
     }
     return _make("femnist", x_train, y_train, x_test, y_test, 62, extra)
+
+
+# CoFED's FEMNIST public set (its Sec. 5.3): random crops of Chars74K's handwritten Kannada.
+KANNADA_CROPS = 50_000  # "about 50,000" public items
+CROP_SIDE = 28  # FEMNIST's image side
+CROP_MIN_SHARE = 0.5  # crop side: U{ceil(0.5 s) .. s} pixels, s = the shorter image side
+_SAMPLE_DIR = re.compile(r"Sample(\d+)")
+
+
+def _square_crops(img: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` random square crops of grayscale ``img uint8 [H, W]``, each resized to
+    ``uint8 [count, CROP_SIDE, CROP_SIDE]`` by area averaging (Pillow's box filter).
+
+    A crop's side is uniform over the integers ``ceil(0.5 s) .. s`` (``s = min(H, W)``), its
+    top-left corner uniform over the positions that keep it inside the image."""
+    from PIL import Image  # Pillow comes with matplotlib
+
+    h, w = img.shape
+    s = min(h, w)
+    sides = rng.integers(max(1, math.ceil(CROP_MIN_SHARE * s)), s + 1, size=count)
+    tops = (rng.random(count) * (h - sides + 1)).astype(np.int64)
+    lefts = (rng.random(count) * (w - sides + 1)).astype(np.int64)
+    pil = Image.fromarray(img)
+    out = np.empty((count, CROP_SIDE, CROP_SIDE), np.uint8)
+    for j, (c, t, left) in enumerate(zip(sides, tops, lefts, strict=True)):
+        box = (int(left), int(t), int(left + c), int(t + c))
+        out[j] = np.asarray(
+            pil.resize((CROP_SIDE, CROP_SIDE), Image.Resampling.BOX, box=box), np.uint8
+        )
+    return out
+
+
+def load_kannada_crops(
+    data_dir: str | None = None, crops: int = KANNADA_CROPS, seed: int = 0
+) -> ArrayDataset:
+    """Random square crops of Chars74K's handwritten Kannada bitmaps: CoFED's public set for
+    FEMNIST (its Sec. 5.3), ``x_train uint8 [crops, 28, 28, 1]``; the test split is empty.
+
+    Reads the PNGs of ``KannadaHnd.tgz`` as unpacked: ``Kannada/Hnd/Img/SampleNNN/*.png``
+    (``imgNNN-MMM.png``, class ``NNN``; ``data_dir`` may be the unpack root or any folder down
+    to ``Img/``; the stroke files in ``Trg/`` are not read). Each image becomes grayscale and,
+    when its median pixel is below 128 (a dark background), is inverted: every crop shows a
+    dark glyph on a light background, as :func:`load_femnist`'s images (LEAF's ink on white).
+    ``crops`` are spread over the images as evenly as possible (the ``crops % images`` extra
+    ones on random images), each a square of ``50-100%`` of the image's shorter side at a random
+    position, area-averaged down to 28x28. Deterministic given the files, ``crops`` and
+    ``seed``.
+
+    An unlabeled pool: ``y_train`` ``int32 [crops]`` is the source image's class (``NNN - 1``,
+    ``num_classes`` = the highest class number), which no CoFED participant sees
+    (``dataset.server_pool`` drops it). ``extra["files"]``: ``str [F]`` the images' paths
+    relative to the ``Img/`` folder, in sorted order; ``extra["source"]``: ``int32 [crops]`` each
+    crop's index into it.
+
+    Raises:
+      ConfigError: ``crops`` is not an integer >= 1.
+      DatasetNotFoundError: no ``SampleNNN/*.png`` below any searched directory.
+      ValueError: a PNG Pillow cannot decode, or a folder name without a class number.
+    """
+    if not (isinstance(crops, int | np.integer) and not isinstance(crops, bool) and crops >= 1):
+        raise bad("crops", crops, "an integer >= 1 (number of 28x28 crops to make)")
+    d = locate_files("kannada", data_dir)
+    files = sorted(p for p in d.glob("Sample*/*.png") if p.is_file())
+    classes = []
+    for p in files:
+        m = _SAMPLE_DIR.fullmatch(p.parent.name)
+        if m is None:
+            raise ValueError(f"{p.parent}: expected a folder SampleNNN (NNN = the class number)")
+        classes.append(int(m.group(1)) - 1)
+    rng = np.random.default_rng(seed)
+    per_image = np.full(len(files), int(crops) // len(files), np.int64)
+    per_image[rng.permutation(len(files))[: int(crops) % len(files)]] += 1
+    xs, sources = [], []
+    for i, (path, count) in enumerate(zip(files, per_image, strict=True)):
+        if count == 0:
+            continue
+        img = images.read_png_gray(path)
+        if np.median(img) < 128:  # a dark background: flip to FEMNIST's dark-on-light
+            img = 255 - img
+        xs.append(_square_crops(img, int(count), rng))
+        sources.append(np.full(count, i, np.int32))
+    source = np.concatenate(sources)
+    x = np.concatenate(xs)[..., None]
+    y = np.asarray(classes, np.int32)[source]
+    empty_x = np.zeros((0, CROP_SIDE, CROP_SIDE, 1), np.uint8)
+    extra = {"files": np.array([p.relative_to(d).as_posix() for p in files]), "source": source}
+    return _make("kannada", x, y, empty_x, np.zeros(0, np.int32), max(classes) + 1, extra)
 
 
 def _tfds_hint(data_dir: str | None) -> str:

@@ -14,6 +14,8 @@ Formats:
     (Fortran) order per channel, labels ``1..10``.
   * LEAF (FEMNIST): JSON files ``{"users", "num_samples", "user_data": {user: {"x", "y"}}}``
     with ``x`` a list of flattened 28x28 images of floats in ``[0, 1]``.
+  * PNG (Chars74K's hand-drawn bitmaps): any PNG mode, read with Pillow as 8-bit grayscale,
+    transparent pixels composited on white.
   * TFDS: datasets already prepared by tensorflow-datasets in ``array_record`` format,
     read with ``tfds.data_source`` (no TensorFlow needed, never downloads).
 """
@@ -30,6 +32,7 @@ import numpy as np
 __all__ = [
     "read_cifar_batch",
     "read_leaf_dir",
+    "read_png_gray",
     "read_stl10_images",
     "read_stl10_labels",
     "read_svhn_mat",
@@ -168,6 +171,28 @@ def read_leaf_dir(directory: str | Path, shape: tuple[int, ...] = (28, 28, 1)):
     if not xs:
         return np.zeros((0, *shape), np.uint8), np.zeros(0, np.int32), users
     return np.concatenate(xs).reshape(-1, *shape), np.concatenate(ys), users
+
+
+def read_png_gray(path: str | Path) -> np.ndarray:
+    """Reads one PNG (any mode Pillow reads) as grayscale ``uint8 [H, W]``.
+
+    Transparent pixels (RGBA, LA, or a palette with a transparent entry) are composited on a
+    white background first, so a glyph drawn on a transparent canvas reads as ink on white.
+
+    Raises:
+      ValueError: the file is not an image Pillow can decode (naming the path).
+    """
+    from PIL import Image, UnidentifiedImageError  # Pillow comes with matplotlib
+
+    try:
+        with Image.open(path) as im:
+            im.load()
+            if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+                rgba = im.convert("RGBA")
+                im = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
+            return np.asarray(im.convert("L"), dtype=np.uint8)
+    except (UnidentifiedImageError, OSError) as e:
+        raise ValueError(f"{path}: not a readable PNG image ({type(e).__name__})") from None
 
 
 def read_tfds(

@@ -32,6 +32,7 @@ CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
 SVHN_URL = "http://ufldl.stanford.edu/housenumbers/"
 STL10_URL = "https://ai.stanford.edu/~acoates/stl10/stl10_binary.tar.gz"
 FEMNIST_URL = "https://github.com/TalwalkarLab/leaf (data/femnist; run its preprocess.sh)"
+CHARS74K_URL = "http://www.ee.surrey.ac.uk/CVSSP/demos/chars74k/"
 DEBIAN_FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 DEBIAN_FASHION_MNIST_PACKAGE = "dataset-fashion-mnist"
 
@@ -88,6 +89,13 @@ FILE_SPECS: dict[str, FileSpec] = {
         files=("train/*.json", "test/*.json"),
         subdirs=("data", "femnist/data"),
         source=f"generate the LEAF json splits with {FEMNIST_URL}",
+    ),
+    # Chars74K's KannadaHnd.tgz unpacks to Kannada/Hnd/{Img,Trg}/SampleNNN/ (NNN = class,
+    # images imgNNN-MMM.png); only the PNG bitmaps under Img/ are read.
+    "kannada": FileSpec(
+        files=("Sample*/*.png",),
+        subdirs=("Img", "Hnd/Img", "Kannada/Hnd/Img"),
+        source=f"download KannadaHnd.tgz from {CHARS74K_URL} and extract it",
     ),
 }
 

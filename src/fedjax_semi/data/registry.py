@@ -83,6 +83,7 @@ DATASETS: dict[str, Callable[..., ArrayDataset]] = {
     "svhn": image_loaders.load_svhn,
     "stl10": image_loaders.load_stl10,
     "femnist": image_loaders.load_femnist,
+    "kannada": image_loaders.load_kannada_crops,  # Chars74K crops, CoFED's FEMNIST public set
 }
 
 

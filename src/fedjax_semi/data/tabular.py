@@ -3,11 +3,14 @@
 :func:`load_adult` returns an :class:`~fedjax_semi.data.dataset.ArrayDataset` with
 ``kind="features"``: ``x float32 [N, D]`` (numeric columns standardized with training
 statistics, categorical columns one-hot with categories from the training split) and
-labels ``int32 [N]`` (``>50K`` = 1). No jax here, like the rest of the data layer.
+labels ``int32 [N]`` (``>50K`` = 1). :func:`read_adult_rows` and :class:`AdultEncoding` expose
+the raw rows and the encoding (CoFED's synthetic public rows are drawn raw, then encoded). No
+jax here, like the rest of the data layer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +18,7 @@ import numpy as np
 from fedjax_semi.data.dataset import ArrayDataset, DatasetNotFoundError
 from fedjax_semi.data.lookup import ENV_VAR, search_dirs
 
-__all__ = ["ADULT_COLUMNS", "ADULT_NUMERIC", "load_adult"]
+__all__ = ["ADULT_COLUMNS", "ADULT_NUMERIC", "AdultEncoding", "load_adult", "read_adult_rows"]
 
 ADULT_URL = "https://archive.ics.uci.edu/dataset/2/adult"
 # The 14 feature columns of adult.data / adult.test, in file order (adult.names).
@@ -83,41 +86,83 @@ def _locate_adult(data_dir: str | None) -> Path:
     raise err
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class AdultEncoding:
+    """How the 14 raw columns become ``D`` float features, fitted on the training rows only.
+
+    A numeric column becomes one feature ``(v - mean) / std`` with the training mean and
+    population std (std 0 -> 1). A categorical column becomes one indicator per training
+    category (sorted, named ``"column=value"``); a value never seen in training encodes as all
+    zeros. Columns keep file order.
+
+    Attributes:
+      stats: numeric column -> (mean, std) of the training rows.
+      categories: categorical column -> its sorted training categories (``str [n_cat]``).
+      names: the ``D`` feature names, in column order.
+    """
+
+    stats: dict[str, tuple[float, float]]
+    categories: dict[str, np.ndarray]
+    names: tuple[str, ...]
+
+    @classmethod
+    def fit(cls, train_rows: list[list[str]]) -> AdultEncoding:
+        """The encoding of ``train_rows`` (14 string fields each)."""
+        if not len(train_rows):
+            raise ValueError("adult: the training file has no rows")
+        cols = np.asarray(train_rows, dtype=str).reshape(-1, len(ADULT_COLUMNS)).T  # [14, N]
+        stats: dict[str, tuple[float, float]] = {}
+        categories: dict[str, np.ndarray] = {}
+        names: list[str] = []
+        for col, values in zip(ADULT_COLUMNS, cols, strict=True):
+            if col in ADULT_NUMERIC:
+                a = values.astype(np.float64)
+                std = a.std()
+                stats[col] = (a.mean(), std if std > 0 else 1.0)  # a constant column stays finite
+                names.append(col)
+            else:
+                categories[col] = np.unique(values)  # sorted
+                names += [f"{col}={c}" for c in categories[col].tolist()]
+        return cls(stats, categories, tuple(names))
+
+    @property
+    def numeric_features(self) -> np.ndarray:
+        """``int [6]``: the feature indices of the numeric columns."""
+        return np.asarray([i for i, n in enumerate(self.names) if n in ADULT_NUMERIC], np.int64)
+
+    def transform(self, rows: list[list[str]] | np.ndarray) -> np.ndarray:
+        """Rows of 14 string fields ``[N, 14]`` -> ``float32 [N, D]``."""
+        cols = np.asarray(rows, dtype=str).reshape(-1, len(ADULT_COLUMNS)).T  # [14, N]
+        parts: list[np.ndarray] = []
+        for col, values in zip(ADULT_COLUMNS, cols, strict=True):
+            if col in ADULT_NUMERIC:
+                mean, std = self.stats[col]
+                parts.append(((values.astype(np.float64) - mean) / std)[:, None])
+            else:
+                # Comparing against every category leaves unseen values all zeros.
+                cats = self.categories[col]
+                parts.append((values[:, None] == cats[None, :]).astype(np.float64))
+        return np.concatenate(parts, axis=1).astype(np.float32)
+
+
 def _encode_adult(
     train_rows: list[list[str]], test_rows: list[list[str]]
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Rows -> ``(x_train float32 [N, D], x_test float32 [M, D], feature_names [D])``.
+    """Rows -> ``(x_train float32 [N, D], x_test float32 [M, D], feature_names [D])`` with the
+    :class:`AdultEncoding` of the training rows."""
+    enc = AdultEncoding.fit(train_rows)
+    return enc.transform(train_rows), enc.transform(test_rows), list(enc.names)
 
-    Columns keep file order. A numeric column becomes one feature ``(v - mean) / std`` with
-    the training mean and population std (std 0 -> 1). A categorical column becomes one
-    indicator per training category (sorted, named ``"column=value"``); a test value
-    never seen in training encodes as all zeros.
-    """
-    if not train_rows:
-        raise ValueError("adult: the training file has no rows")
-    d = len(ADULT_COLUMNS)
-    train_cols = np.asarray(train_rows, dtype=str).reshape(-1, d).T  # [14, N]
-    test_cols = np.asarray(test_rows, dtype=str).reshape(-1, d).T  # [14, M]
-    train_parts: list[np.ndarray] = []
-    test_parts: list[np.ndarray] = []
-    names: list[str] = []
-    for col, tr, te in zip(ADULT_COLUMNS, train_cols, test_cols, strict=True):
-        if col in ADULT_NUMERIC:
-            a, b = tr.astype(np.float64), te.astype(np.float64)
-            mean, std = a.mean(), a.std()
-            std = std if std > 0 else 1.0  # a constant column stays finite
-            train_parts.append(((a - mean) / std)[:, None])
-            test_parts.append(((b - mean) / std)[:, None])
-            names.append(col)
-        else:
-            cats = np.unique(tr)  # sorted
-            for values, parts in ((tr, train_parts), (te, test_parts)):
-                # Comparing against every category leaves unseen test values all zeros.
-                parts.append((values[:, None] == cats[None, :]).astype(np.float64))
-            names += [f"{col}={c}" for c in cats.tolist()]
-    x_train = np.concatenate(train_parts, axis=1).astype(np.float32)
-    x_test = np.concatenate(test_parts, axis=1).astype(np.float32)
-    return x_train, x_test, names
+
+def read_adult_rows(
+    data_dir: str | None = None,
+) -> tuple[list[list[str]], np.ndarray, list[list[str]], np.ndarray]:
+    """The raw files: ``(train_rows, y_train int32 [N], test_rows, y_test int32 [M])``, each row
+    14 stripped string fields in :data:`ADULT_COLUMNS` order (``"?"`` kept as a value)."""
+    root = _locate_adult(data_dir)
+    train_rows, y_train = _read_adult(root / "adult.data")
+    test_rows, y_test = _read_adult(root / "adult.test")
+    return train_rows, y_train, test_rows, y_test
 
 
 def load_adult(data_dir: str | None = None) -> ArrayDataset:
@@ -128,9 +173,7 @@ def load_adult(data_dir: str | None = None) -> ArrayDataset:
     :func:`_encode_adult`; ``"?"`` is a category of its own): D = 108 on the official
     files. ``extra["feature_names"]`` names the ``D`` columns.
     """
-    root = _locate_adult(data_dir)
-    train_rows, y_train = _read_adult(root / "adult.data")
-    test_rows, y_test = _read_adult(root / "adult.test")
+    train_rows, y_train, test_rows, y_test = read_adult_rows(data_dir)
     x_train, x_test, names = _encode_adult(train_rows, test_rows)
     arrays = [x_train, y_train, x_test, y_test]
     for a in arrays:

@@ -75,6 +75,22 @@ FINETUNE_SAMPLE = 54  # personalized FedAvg's fine-tuning minibatch order (at ev
 FINETUNE_DROPOUT = 55  # its dropout
 COFED_PUBLIC_ORDER = 56  # the order in which CoFED's center takes public rows (public_size)
 
+# ---- CoFED on UCI Adult (60-62; algorithms.cofed_adult): numpy streams, not JAX purposes, -----
+# drawn as `default_rng([seed, STREAM])`. Its NNs draw on INIT, COFED_LOCAL_SAMPLE and
+# COFED_UPDATE_SAMPLE (same meaning as in the image CoFED).
+ADULT_SPLIT_STREAM = 60  # which training rows each participant holds (disjoint)
+ADULT_PUBLIC_STREAM = 61  # the synthetic public rows (Sec. 5.7)
+ADULT_HPARAM_STREAM = 62  # each participant's hyperparameters and its tree's random_state
+
+# ---- FedMD (70-76): transfer learning, the alignment subset, digest and revisit -----------
+FEDMD_PUBLIC_SAMPLE = 70  # transfer learning on the labeled public set: minibatch order
+FEDMD_PUBLIC_DROPOUT = 71  # its dropout
+FEDMD_PRIVATE_SAMPLE = 72  # training on the private set (transfer learning and revisit)
+FEDMD_PRIVATE_DROPOUT = 73  # its dropout
+FEDMD_ALIGN = 74  # each round's alignment subset of the public set
+FEDMD_DIGEST_SAMPLE = 75  # digest: minibatch order over the alignment subset
+FEDMD_DIGEST_DROPOUT = 76  # its dropout
+
 # ---- folded into an already derived key, not into the seed key --------------------------------
 AUGMENT_STREAM = 7919  # a training step's key -> its augmentation draws (engine.train)
 

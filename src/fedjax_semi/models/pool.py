@@ -130,15 +130,20 @@ def pool_filters(
     raise bad("algorithm.model_pool", pool, f"one of {list(POOLS)}")
 
 
-def make_pool_models(base: Model, groups: Sequence[Filters]) -> list[Model]:
+def make_pool_models(
+    base: Model, groups: Sequence[Filters], num_classes: int | None = None
+) -> list[Model]:
     """One :class:`Model` per filter tuple: ``base``'s input spec and normalization with a
-    :class:`FilterCNN` (``base``'s conv impl, no dropout, no BatchNorm), named ``cnn24-40``."""
+    :class:`FilterCNN` (``base``'s conv impl, no dropout, no BatchNorm), named ``cnn24-40``;
+    ``num_classes`` outputs (default ``base``'s)."""
     impl = getattr(base.module, "conv_impl", "im2col")
+    k = base.num_classes if num_classes is None else num_classes
     return [
         dataclasses.replace(
             base,
             name=f"cnn{'-'.join(map(str, f))}",
-            module=FilterCNN(base.num_classes, tuple(f), conv_impl=impl, dropout=0.0),
+            num_classes=k,
+            module=FilterCNN(k, tuple(f), conv_impl=impl, dropout=0.0),
             has_batch_stats=False,
             has_dropout=False,
         )

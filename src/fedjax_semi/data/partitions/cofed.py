@@ -13,6 +13,19 @@ subclasses: non-IID skews the counts over the owned classes by ``Dir(alpha)`` in
 ``"test"``: every test sample of an owned task (shared across participants, as in the
 paper). ``"unlabeled"`` is empty. Assignments: ``label_space`` bool [C, tasks],
 ``label_map`` int [C, Q] (fine -> task label).
+
+``cofed_variant="writers"`` (paper §5.3, FEMNIST): natural writer clients instead. The
+participants are the ``num_clients`` writers with the most samples (train and test split
+pooled, as LEAF splits each writer's own samples; ties by writer order), from
+``ds.extra["writer_train"]``/``["writer_test"]`` (as ``load_femnist`` gives). Each writer's
+samples are shuffled: a ``cofed_train_share`` (the paper's 40%, rounded, at least one) are its
+private ``"labeled"`` set, the rest its ``"test"`` set.
+``cofed_label_space``: ``"present"`` (Y_i = the classes of the writer's private set; test rows
+of other classes are dropped, as the other variants test only owned tasks) or ``"all"`` (every
+class, spec [REC]; all test rows kept). The held-out ``public_fraction`` comes from the train
+split rows of the writers who are not participants (0 with ``dataset.server_pool``, e.g.
+Kannada crops). ``"test_global"``: the participants' test rows. Extra assignment: ``writer``
+int [C], each participant's index into ``ds.extra["writers"]``.
 """
 
 from __future__ import annotations
@@ -163,8 +176,113 @@ def _cofed_partition(
     return roles, server, np.ones(num_clients), assignments, meta
 
 
+def _writer_ids(ds: ArrayDataset) -> np.ndarray:
+    """``int64 [n_train + n_test]``: each sample's writer (index into ``ds.extra["writers"]``)."""
+    extra = ds.extra or {}
+    _check(
+        "writer_train" in extra and "writer_test" in extra,
+        "partition.cofed_variant",
+        "writers",
+        f"needs per-sample writers (extra['writer_train'], extra['writer_test'], as "
+        f"dataset=femnist has); {ds.name} has none",
+    )
+    w_tr = np.asarray(extra["writer_train"], np.int64)
+    w_te = np.asarray(extra["writer_test"], np.int64)
+    _check(
+        len(w_tr) == len(ds.y_train) and len(w_te) == len(ds.y_test),
+        "partition.cofed_variant",
+        "writers",
+        f"needs one writer per sample, but {ds.name} has {len(w_tr)}+{len(w_te)} writer ids for "
+        f"{len(ds.y_train)}+{len(ds.y_test)} samples (dataset.fraction < 1 drops samples, not "
+        "their writer ids: use dataset.fraction=1)",
+    )
+    return np.concatenate([w_tr, w_te])
+
+
+def _writers_partition(
+    ds: ArrayDataset, num_clients: int, k: dict[str, Any], stage: Any
+) -> SchemeOutput:
+    """CoFED's FEMNIST setup (``cofed_variant="writers"``); see the module docstring."""
+    n_train = len(ds.y_train)
+    writer = _writer_ids(ds)
+    counts = np.bincount(writer) if len(writer) else np.zeros(0, np.int64)
+    n_writers = int((counts > 0).sum())
+    _check(
+        num_clients <= n_writers,
+        "num_clients",
+        num_clients,
+        f"must be <= the {n_writers} writers of {ds.name} with samples "
+        "(partition.cofed_variant=writers: one participant per writer)",
+    )
+    chosen = np.argsort(-counts, kind="stable")[:num_clients]  # most samples first
+    smallest = int(counts[chosen].min())
+    _check(
+        smallest >= 2,
+        "num_clients",
+        num_clients,
+        f"reaches a writer with {smallest} sample(s); each participant needs a private and a "
+        "test sample (use fewer clients)",
+    )
+    fmap, source = _task_map(ds)
+    n_tasks = int(fmap.max()) + 1
+    task = fmap[np.concatenate([ds.y_train, ds.y_test]).astype(np.int64)]
+    share, space_mode = k["cofed_train_share"], k["cofed_label_space"]
+
+    rng_pub = stage(_STAGE_PUBLIC)
+    n_pub = int(round(k["public_fraction"] * n_train))
+    outside = np.flatnonzero(~np.isin(writer[:n_train], chosen))
+    _check(
+        n_pub <= len(outside),
+        "partition.public_fraction",
+        k["public_fraction"],
+        f"asks for {n_pub} public rows, but only {len(outside)} training rows of {ds.name} "
+        f"belong to writers outside the {num_clients} participants (lower it, or 0 with "
+        "dataset.server_pool)",
+    )
+    public = _sorted_i64(rng_pub.choice(outside, n_pub, replace=False))
+
+    rng = stage(_STAGE_PARTITION)
+    labeled, test = [], []
+    spaces = np.zeros((num_clients, n_tasks), dtype=bool)
+    dropped = 0
+    for i, w in enumerate(chosen):
+        rows = rng.permutation(np.flatnonzero(writer == w))
+        n_own = min(max(int(round(share * len(rows))), 1), len(rows) - 1)
+        own, rest = _sorted_i64(rows[:n_own]), _sorted_i64(rows[n_own:])
+        if space_mode == "all":
+            spaces[i] = True
+        else:
+            spaces[i, task[own]] = True
+            kept = rest[spaces[i, task[rest]]]
+            dropped += len(rest) - len(kept)
+            rest = kept
+        labeled.append(own)
+        test.append(rest)
+    roles = {
+        "labeled": labeled,
+        "unlabeled": [np.empty(0, np.int64) for _ in range(num_clients)],
+        "test": test,
+    }
+    test_global = _sorted_i64(np.concatenate([np.zeros(0, np.int64), *test]))
+    server = {"public": public, "test_global": test_global}
+    assignments = {
+        "label_space": spaces,
+        "label_map": np.tile(fmap, (num_clients, 1)),
+        "writer": chosen.astype(np.int64),
+    }
+    meta = {
+        "num_tasks": n_tasks,
+        "task_source": source,
+        "writers_available": n_writers,
+        "test_dropped": dropped,  # present: test rows outside the writer's label space
+    }
+    return roles, server, np.ones(num_clients), assignments, meta
+
+
 def build(inp: SchemeInput) -> SchemeOutput:
     """``cofed`` (official split, no val); see the module docstring."""
     _require_official_split(inp)
     _require_no_val(inp)
+    if inp.knobs["cofed_variant"] == "writers":
+        return _writers_partition(inp.ds, inp.num_clients, inp.knobs, inp.stage)
     return _cofed_partition(inp.ds, inp.num_clients, inp.alpha, inp.knobs, inp.stage)

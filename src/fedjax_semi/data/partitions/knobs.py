@@ -21,7 +21,10 @@ ASSIGNMENTS = ("balanced", "random")  # DoFed-SPP SUBSET cluster pairs
 NORMAL_REJECTS = ("identical", "subset")  # DoFed-SPP NORMAL redraw rule
 NORMAL_SIZE_MODES = ("per_class", "fixed_total")
 OVERLAPS = ("allow", "none")  # DoFed-SPP: may clients share samples
-VARIANTS = ("iid", "noniid")  # CoFED / Ada-FedSemi
+VARIANTS = ("iid", "noniid")  # Ada-FedSemi
+# CoFED: its CIFAR setup (iid, noniid; Sec. 5.2) or natural writer clients (FEMNIST, Sec. 5.3)
+COFED_VARIANTS = (*VARIANTS, "writers")
+COFED_LABEL_SPACES = ("present", "all")  # writers: Y_i = the classes of D_i, or every class
 CFSL_TRANSFORMS = ("label_permutation", "rotation", "none")
 
 
@@ -47,6 +50,8 @@ PAPER_DEFAULTS: dict[str, Any] = {
     "samples_per_class": 50,
     "cofed_max_subclasses": 2,
     "public_fraction": 0.2,
+    "cofed_train_share": 0.4,
+    "cofed_label_space": "present",
     # CFSL
     "num_edges": 3,
     "cfsl_clusters": 2,
@@ -110,7 +115,7 @@ def check_knobs(scheme: str, knobs: dict[str, Any]) -> dict[str, Any]:
     choice("normal_reject", NORMAL_REJECTS)
     choice("normal_size_mode", NORMAL_SIZE_MODES)
     choice("overlap", OVERLAPS)
-    choice("cofed_variant", VARIANTS)
+    choice("cofed_variant", COFED_VARIANTS)
     integer("cofed_min_classes", 1)
     integer("cofed_max_classes", 1)
     _check(
@@ -122,6 +127,8 @@ def check_knobs(scheme: str, knobs: dict[str, Any]) -> dict[str, Any]:
     integer("samples_per_class", 1)
     integer("cofed_max_subclasses", 1)
     fraction("public_fraction", 0.0, 1.0, lo_open=False, hi_open=True)
+    fraction("cofed_train_share", 0.0, 1.0, lo_open=True, hi_open=True)
+    choice("cofed_label_space", COFED_LABEL_SPACES)
     integer("num_edges", 1)
     integer("cfsl_clusters", 1)
     choice("cfsl_transform", CFSL_TRANSFORMS)
