@@ -209,8 +209,11 @@ def test_table2_ratios_from_runs_and_cofed_lines(tmp_path, capsys):
     np.testing.assert_allclose(finals, [(0.5 + 1.0) / 2, (0.8 + 1.0) / 2])
     assert [r["best_round"] for r in res["iid"]] == [2, 2]
     np.testing.assert_allclose([r["best_of_means"] for r in res["iid"]], [0.6 / 0.65, 0.6 / 0.5])
+    png = tmp_path / "fig11.png"
     cofed_table2.main(
-        ["--cofed", str(tmp_path / "cofed.jsonl"), "--runs", f"fedmd={tmp_path / 'runs'}"]
-    )
+        ["--cofed", str(tmp_path / "cofed.jsonl"), "--runs", f"fedmd={tmp_path / 'runs'}",
+         "--plot", str(png)]
+    )  # fmt: skip
     out = capsys.readouterr().out
     assert "| fedmd | iid | table1 | 2 |" in out and "0.87" in out
+    assert png.stat().st_size > 0

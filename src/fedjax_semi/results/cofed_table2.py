@@ -124,28 +124,66 @@ def table(results: dict[str, dict[str, list]]) -> str:
     return "\n".join(lines)
 
 
+def plot(per_method: dict[str, dict], refs: dict[str, dict], path: Path) -> Path:
+    """Fig. 10-11 of the paper: a baseline's mean accuracy over CoFED's (same seed and split)
+    at each evaluated round, mean and std over seeds, one panel per split."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = sorted({v for runs in per_method.values() for v, _ in runs})
+    fig, axes = plt.subplots(1, len(variants), figsize=(5.5 * len(variants), 3.6), squeeze=False)
+    for ax, variant in zip(axes[0], variants, strict=True):
+        for method, runs in per_method.items():
+            ref = refs[REFERENCE[method]]
+            curves = defaultdict(list)
+            for (v, seed), run in runs.items():
+                if v == variant and (v, seed) in ref:
+                    base = float(np.mean(ref[(v, seed)]["client_acc"]))
+                    for rnd, acc in run["curve"]:
+                        curves[rnd].append(acc / base)
+            xs = sorted(curves)
+            mean = [np.mean(curves[x]) for x in xs]
+            std = [np.std(curves[x]) for x in xs]
+            ax.errorbar(xs, mean, yerr=std, marker="o", capsize=3, label=method)
+        ax.axhline(1.0, color="grey", lw=1, ls="--", label="CoFED (1 round)")
+        ax.set_title(f"{variant}: baseline / CoFED, mean accuracy", fontsize=10)
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cofed", type=Path, required=True, help="cofed_sweep lines, Table-1 pool")
     ap.add_argument("--cofed-single", type=Path, help="cofed_sweep lines, model_pool=single")
     ap.add_argument("--runs", nargs="+", default=[], help="METHOD=DIR (pfedavg, fedmd)")
     ap.add_argument("--out", type=Path, help="also write the table here")
+    ap.add_argument("--plot", type=Path, help="also draw the ratio per round (Fig. 10-11)")
     args = ap.parse_args(argv)
     refs = {"table1": cofed_rows(args.cofed, "table1")}
     if args.cofed_single:
         refs["single"] = cofed_rows(args.cofed_single, "single")
-    results = {}
+    results, runs = {}, {}
     for spec in args.runs:
         method, _, root = spec.partition("=")
         if method not in REFERENCE or not root:
             ap.error(f"--runs {spec!r}: METHOD=DIR with METHOD one of {sorted(REFERENCE)}")
         if REFERENCE[method] not in refs:
             ap.error(f"--runs {method}=...: needs --cofed-single (its CoFED reference)")
-        results[method] = compare(method, run_rows(Path(root)), refs[REFERENCE[method]])
+        runs[method] = run_rows(Path(root))
+        results[method] = compare(method, runs[method], refs[REFERENCE[method]])
     text = table(results)
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
+    if args.plot:
+        print(f"wrote {plot(runs, refs, args.plot)}")
 
 
 if __name__ == "__main__":
