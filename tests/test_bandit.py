@@ -133,9 +133,10 @@ def test_update_changes_only_the_pulled_arm_by_beta_times_error():
     np.testing.assert_array_equal(avg.estimates, [0.75, -1.0, 2.0, 0.25])
     first = bd.update_arm(state, 1, 3.0, None)  # the first pull takes the reward
     assert float(first.estimates[1]) == 3.0
+    update = jax.jit(bd.update_arm, static_argnums=3)
     for outside in (-1, 4):  # no wrap-around, no clipping: nothing changes
         for beta in (0.5, None):
-            same = jax.jit(lambda a, b=beta: bd.update_arm(state, a, 9.0, b))(outside)
+            same = update(state, outside, 9.0, beta)
             np.testing.assert_array_equal(same.estimates, state.estimates)
             np.testing.assert_array_equal(same.counts, state.counts)
 
