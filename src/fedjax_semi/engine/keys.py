@@ -91,6 +91,10 @@ FEDMD_ALIGN = 74  # each round's alignment subset of the public set
 FEDMD_DIGEST_SAMPLE = 75  # digest: minibatch order over the alignment subset
 FEDMD_DIGEST_DROPOUT = 76  # its dropout
 
+# ---- Ada-FedSemi (80-81): the two bandits' draws (kernels.bandit.select_arm) ---------------
+ADA_P_ARM = 80  # the P agent's arm for the next round (Eq. 18)
+ADA_C_ARM = 81  # the C agent's arm for the next round (Eq. 18)
+
 # ---- folded into an already derived key, not into the seed key --------------------------------
 AUGMENT_STREAM = 7919  # a training step's key -> its augmentation draws (engine.train)
 
