@@ -7,6 +7,7 @@ kernels themselves: test_voting.py; the model pool: test_model_pool.py."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -346,3 +347,20 @@ def test_importing_the_package_does_not_start_xla():
         "assert not xb._backends, 'a module made an array at import'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_sweep_table_keeps_only_the_given_seeds(tmp_path, capsys):
+    from fedjax_semi.results import cofed_sweep as sweep
+
+    keys = sweep.METRICS + sweep.COUNTS + ("pl_acc", "pl_acc_in_space")
+    rows = [
+        {"model_pool": "table1", "variant": "iid", "alpha": 0.3, "public_size": 100, "seed": s,
+         **dict.fromkeys(keys, float(s))}
+        for s in range(5)
+    ]  # fmt: skip
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(map(json.dumps, rows)))
+    sweep.main(["--table", str(path), "--seeds", "0,1,2"])
+    assert "| table1 | iid | 0.3 | 100 | 3 | 1.000 ± 1.000 |" in capsys.readouterr().out
+    sweep.main(["--table", str(path)])
+    assert "| table1 | iid | 0.3 | 100 | 5 | 2.000 ± 1.581 |" in capsys.readouterr().out

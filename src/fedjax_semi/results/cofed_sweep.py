@@ -200,7 +200,7 @@ def plot(rows: list[dict], path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--seeds", help="seeds to run (default 0,1,2); with --table: to keep")
     ap.add_argument("--variants", default="iid,noniid")
     ap.add_argument("--alphas", default="0.3")
     ap.add_argument("--sizes", default="0", help="public rows the center uses; 0 = all")
@@ -212,6 +212,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.table:
         rows = [json.loads(line) for line in Path(args.table).read_text().splitlines() if line]
+        if args.seeds is not None:  # only these seeds (e.g. those every setting has)
+            keep = {int(x) for x in args.seeds.split(",")}
+            rows = [r for r in rows if r["seed"] in keep]
         trained = [r for r in rows if not r.get("counts_only")]
         counted = [r for r in rows if r.get("counts_only")]
         by = ("model_pool", "variant", "alpha", "public_size")
@@ -228,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     centers = [(a, max(sizes) if 0 not in sizes else 0) for a in alphas]
     centers += [(alphas[0], s) for s in sizes if (alphas[0], s) not in centers]
     out = Path(args.out)
-    for seed in (int(s) for s in args.seeds.split(",")):
+    for seed in (int(s) for s in (args.seeds or "0,1,2").split(",")):
         for variant in args.variants.split(","):
             counted = [float(a) for a in args.count_alphas.split(",") if a]
             for row in sweep_one(seed, variant, centers, list(args.overrides), counted):
