@@ -156,10 +156,12 @@ def main() -> None:
     ap.add_argument("--update-epochs", type=int, default=1)
     ap.add_argument("--chunks", default="all,1,reference")
     ap.add_argument("--skip-run", action="store_true")
+    ap.add_argument("--skip-kernel", action="store_true")
     ap.add_argument("--out", default=str(RESULTS / "cofed.jsonl"))
     args = ap.parse_args()
     env = environment()
-    bench_kernel(args, env)
+    if not args.skip_kernel:
+        bench_kernel(args, env)
     if not args.skip_run:
         bench_run(args, env)
 
