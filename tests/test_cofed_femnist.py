@@ -122,6 +122,7 @@ def test_writers_need_per_sample_writers():
         writers_partition(digits)
 
 
+@pytest.mark.slow  # 12 s; test_experiments composes and validates the preset in make test
 def test_cofed_femnist_preset_builds_on_fixtures(tmp_path):
     leaf = write_femnist(tmp_path / "leaf")
     write_chars74k_kannada(tmp_path / "chars74k")

@@ -112,6 +112,7 @@ def test_consensus_is_the_mean_and_the_uplink_is_counted(exp, ran):
     assert not np.allclose(np.asarray(new.extra["scores"]), np.asarray(state.extra["scores"]))
 
 
+@pytest.mark.slow  # 30 s; the grouped mapping against the loop stays in make test via CoFED's
 def test_grouped_program_equals_reference_loop(exp, ran):
     """One vmap per group and the reference loop (one jitted call per participant) agree.
     atol: logits of O(1-10) after ~30 Adam steps, float32 reassociation under vmap."""

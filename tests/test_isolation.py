@@ -43,7 +43,9 @@ def corrupt_unlabeled(fed):
 # mappings test_equivalence.py compares in the fast suite are checked there, on the programs it
 # compiles anyway. The FedAvg-family members it maps only in make test-slow are checked here
 # (one compiled round each instead of its three backends).
-OWN_RUNS = ("dofed_spp", "fedbe", "fedfomo", "fedper", "fedprox", "fixbn", "fixprox", "local")
+OWN_RUNS = (
+    "dofed_spp", "fedbe", "fedfomo", "fedper", "fedprox", "fixbn", "fixprox", "lg_fedavg", "local"
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("name", OWN_RUNS)

@@ -40,6 +40,7 @@ from fedjax_semi.algorithms.cofed import GroupInputs
 from fedjax_semi.algorithms.label_spaces import (
     finetune_and_score,
     fit_in_space,
+    fit_positions,
     label_spaces,
     position_labels,
 )
@@ -58,7 +59,7 @@ from fedjax_semi.engine.keys import (
     client_key,
     round_key,
 )
-from fedjax_semi.engine.train import Schedule, local_scan, make_optimizer, masked_mean
+from fedjax_semi.engine.train import Schedule, make_optimizer, masked_mean
 from fedjax_semi.errors import bad, check_choice
 from fedjax_semi.models import pool
 
@@ -137,30 +138,13 @@ def fit_to_scores(
     """FedMD's digest: regress the model's logits [B, K + P] toward targets [n, K + P] per
     position of `table` (idx [n], count []) with the mean absolute error, fresh `tx` state."""
 
-    def step(carry, batch, rng):
-        params, opt = carry
+    def loss(logits, batch):
+        return masked_mean(jnp.abs(logits - batch["target"]).mean(-1), batch["valid"])
 
-        def loss_fn(p):
-            logits, _ = model.apply({"params": p}, batch["x"], train=True, rng=rng)
-            return masked_mean(jnp.abs(logits - batch["target"]).mean(-1), batch["valid"])
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt = tx.update(grads, opt, params)
-        return (optax.apply_updates(params, updates), opt), (loss, jnp.zeros(()))
-
-    params = variables["params"]
-    (params, _), stats = local_scan(
-        step,
-        (params, tx.init(params)),
-        x,
-        jnp.zeros(x.shape[:1], jnp.int32),  # unused: targets come per position
-        table,
-        schedule,
-        key_sample,
-        key_dropout,
-        extras={"target": targets},
+    extras = {"target": targets}
+    return fit_positions(
+        model, tx, variables, x, table, extras, loss, schedule, key_sample, key_dropout
     )
-    return {"params": params}, {"loss": stats["loss"], "steps": stats["steps"]}
 
 
 @dataclasses.dataclass

@@ -10,6 +10,7 @@ Labels come per table position (`labels`), so the same trainer runs on private d
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -44,6 +45,48 @@ def position_labels(y: jax.Array, table: RoleTable) -> jax.Array:
     return jnp.where(jnp.arange(table.idx.shape[0]) < table.count, y[table.idx], -1)
 
 
+def fit_positions(
+    model: Model,
+    tx: optax.GradientTransformation,
+    variables: PyTree,
+    x: jax.Array,
+    table: RoleTable,
+    extras: dict[str, jax.Array],
+    loss: Callable[[jax.Array, dict], jax.Array],
+    schedule: Schedule,
+    key_sample: jax.Array,
+    key_dropout: jax.Array,
+) -> tuple[PyTree, dict]:
+    """One client's training with a fresh `tx` state on the rows of `table` (idx [n], count
+    []), with per-position targets `extras` ({name: [n, ...]}) gathered into each batch and
+    `loss(logits [B, K], batch) -> []`. -> (variables, stats: loss, steps)."""
+
+    def step(carry, batch, rng):
+        params, opt = carry
+
+        def loss_fn(p):
+            logits, _ = model.apply({"params": p}, batch["x"], train=True, rng=rng)
+            return loss(logits, batch)
+
+        value, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt = tx.update(grads, opt, params)
+        return (optax.apply_updates(params, updates), opt), (value, jnp.zeros(()))
+
+    params = variables["params"]
+    (params, _), stats = local_scan(
+        step,
+        (params, tx.init(params)),
+        x,
+        jnp.zeros(x.shape[:1], jnp.int32),  # unused by the step: targets come per position
+        table,
+        schedule,
+        key_sample,
+        key_dropout,
+        extras=extras,
+    )
+    return {"params": params}, {"loss": stats["loss"], "steps": stats["steps"]}
+
+
 def fit_in_space(
     model: Model,
     tx: optax.GradientTransformation,
@@ -56,35 +99,16 @@ def fit_in_space(
     key_sample: jax.Array,
     key_dropout: jax.Array,
 ) -> tuple[PyTree, dict]:
-    """One client's training with a fresh `tx` state: masked cross-entropy of the model's logits
-    restricted to owns [K], on the rows of `table` (idx [n], count []) with labels [n] per
-    position. -> (variables, stats: loss, steps)."""
+    """Masked cross-entropy of the model's logits restricted to owns [K], on the rows of
+    `table` with labels [n] per position (-1: none). -> (variables, stats: loss, steps)."""
 
-    def step(carry, batch, rng):
-        params, opt = carry
+    def loss(logits, batch):
+        ce = cross_entropy(masked_logits(logits, owns), batch["label"])
+        return masked_mean(ce, batch["valid"] & (batch["label"] >= 0))
 
-        def loss_fn(p):
-            logits, _ = model.apply({"params": p}, batch["x"], train=True, rng=rng)
-            ce = cross_entropy(masked_logits(logits, owns), batch["label"])
-            return masked_mean(ce, batch["valid"] & (batch["label"] >= 0))
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt = tx.update(grads, opt, params)
-        return (optax.apply_updates(params, updates), opt), (loss, jnp.zeros(()))
-
-    params = variables["params"]
-    (params, _), stats = local_scan(
-        step,
-        (params, tx.init(params)),
-        x,
-        labels,  # unused by the step: labels come per position
-        table,
-        schedule,
-        key_sample,
-        key_dropout,
-        extras={"label": labels},
+    return fit_positions(
+        model, tx, variables, x, table, {"label": labels}, loss, schedule, key_sample, key_dropout
     )
-    return {"params": params}, {"loss": stats["loss"], "steps": stats["steps"]}
 
 
 def predict_in_space(
