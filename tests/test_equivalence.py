@@ -45,11 +45,10 @@ MAPPED = [n for n in algorithm_names() if n not in OWN_EQUIVALENCE_TESTS]
 # The FedAvg family is one mechanism with knobs, and each member compiles three backends (about
 # 10-40 s each): the fast suite maps one member per distinct path through the round, and make
 # test-slow maps the rest. fedavg: the plain round (and a chunk that does not divide the cohort);
-# fedavg_pl: pseudo-labels; fixavg: FixMatch's augmented pseudo-label loss; pfedme: its own client
-# step (also the path of personal leaves kept per client, which lg_fedavg and fedper take with a
-# shared-leaf mask: mapped in make test-slow). The members mapped only in make test-slow keep
-# their fast hidden-label check in test_isolation.py.
-FAST_MAPPED = ("fedavg", "fedavg_pl", "fixavg", "pfedme")
+# fedavg_pl: pseudo-labels; fixavg: FixMatch's augmented pseudo-label loss. pfedme (its own client
+# step) and lg_fedavg/fedper (personal leaves kept per client) are mapped in make test-slow; the
+# members mapped only there keep their fast hidden-label check in test_isolation.py.
+FAST_MAPPED = ("fedavg", "fedavg_pl", "fixavg")
 # The fully supervised references: they read every label by design (checked below).
 ORACLES = ("fedavg_sl", "fedbn_sl", "fedprox_sl")
 

@@ -44,7 +44,8 @@ def corrupt_unlabeled(fed):
 # compiles anyway. The FedAvg-family members it maps only in make test-slow are checked here
 # (one compiled round each instead of its three backends).
 OWN_RUNS = (
-    "dofed_spp", "fedbe", "fedfomo", "fedper", "fedprox", "fixbn", "fixprox", "lg_fedavg", "local"
+    "dofed_spp", "fedbe", "fedfomo", "fedper", "fedprox", "fixbn", "fixprox", "lg_fedavg", "local",
+    "pfedme",
 )  # fmt: skip
 
 

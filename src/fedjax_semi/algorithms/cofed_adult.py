@@ -464,9 +464,3 @@ def run(cfg: CoFEDAdultConfig, progress: bool = False) -> tuple[dict[str, Any], 
     log(f"done: rel_acc={rec['rel_acc']:.3f} improved={rec['improved_frac']:.2f}")
     meta = {"seed": cfg.seed, "config": dataclasses.asdict(cfg), "types": out.types}
     return {**meta, "hparams": out.hparams, **rec, "seconds": time.time() - t0}, out
-
-
-if __name__ == "__main__":  # the CLI lives with the other result tools
-    from fedjax_semi.results.cofed_adult import main
-
-    main()

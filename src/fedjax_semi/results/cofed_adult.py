@@ -1,9 +1,9 @@
 """The CLI of CoFED on UCI Adult (algorithms.cofed_adult; the paper's Sec. 5.7, Fig. 9): runs
 seeds into JSON lines, prints their markdown table and draws Fig. 9.
 
-    python -m fedjax_semi.algorithms.cofed_adult --seeds 0,1,2,3,4 --out adult.jsonl \
+    python -m fedjax_semi.results.cofed_adult --seeds 0,1,2,3,4 --out adult.jsonl \
         [--data-dir D] [--alpha 0.3] [--set nn_epochs=20 ...]
-    python -m fedjax_semi.algorithms.cofed_adult --table adult.jsonl [--plot fig9.png]
+    python -m fedjax_semi.results.cofed_adult --table adult.jsonl [--plot fig9.png]
 
 One JSON line per seed: the config, each participant's type, hyperparameters and accuracies
 (after CoFED, local-only, their ratio) and the summary (`algorithms.cofed_adult.score`).

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedjax_semi.results.cofed_sweep import mean_std
+
 # The paper's Table 2 (Fig. 10-11): ratio to CoFED and communication rounds. FedMD non-IID: the
 # table says 0.94, the text "35% ahead" (about 0.74); both are shown.
 PAPER = {
@@ -64,11 +66,6 @@ def run_rows(root: Path) -> dict[tuple[str, int], dict]:
         key = (cfg["partition"]["cofed_variant"], int(cfg["seed"]))
         out[key] = {"client_acc": s["client_acc"], "curve": curve, "rounds": s["rounds_completed"]}
     return out
-
-
-def mean_std(v: list[float]) -> str:
-    a = np.asarray(v, float)
-    return f"{a.mean():.3f} ± {a.std(ddof=1) if len(a) > 1 else 0.0:.3f}" if len(a) else "n/a"
 
 
 def compare(method: str, runs: dict, cofed: dict) -> dict[str, list]:
