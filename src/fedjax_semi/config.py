@@ -216,6 +216,26 @@ class SystemsConfig:
     # calibration, docs/choices.md, DoFed-SPP A17).
     time_sec_per_train_sample: float = 2e-4
     time_sec_per_infer_sample: float = 5e-5
+    # CFSL's hierarchical wireless network (Hamood et al., Eqs. 7-16 and 21; read by
+    # systems/hwn.py, `systems=hwn`). Table II: bandwidth, noise (N0, total over the band), power
+    # range (dBm, drawn per worker), CPU range, cycles per sample; Sec. VII-A: path-loss exponent,
+    # g0, d0. Our fills (the paper gives none): distance range, effective capacitance, backhaul
+    # rate, edge power, fading (rayleigh | none) and the bandwidth share (dedicated = 1/I |
+    # share_selected = 1/|selected|).
+    hwn_bandwidth_hz: float = 10e6
+    hwn_noise_w: float = 1e-8
+    hwn_power_dbm: list[float] = field(default_factory=lambda: [-10.0, 20.0])
+    hwn_cpu_hz: list[float] = field(default_factory=lambda: [1e9, 9e9])
+    hwn_cycles_per_sample: float = 20.0
+    hwn_path_loss_exp: float = 4.0
+    hwn_g0_db: float = -35.0
+    hwn_d0_m: float = 2.0
+    hwn_dist_m: list[float] = field(default_factory=lambda: [2.0, 20.0])
+    hwn_capacitance: float = 1e-28
+    hwn_backhaul_bps: float = 1e8
+    hwn_edge_power_w: float = 1.0
+    hwn_fading: str = "rayleigh"
+    hwn_bandwidth_share: str = "dedicated"
 
     def __post_init__(self) -> None:
         if self.wireless_mode not in WIRELESS_MODES:
@@ -234,6 +254,41 @@ class SystemsConfig:
         ):
             if not value >= 0:
                 raise bad(f"systems.{key}", value, "seconds >= 0")
+        self._check_hwn()
+
+    def _check_hwn(self) -> None:
+        # The choices are systems/hwn.py's FADINGS and BANDWIDTH_SHARES (not imported: hwn.py
+        # pulls in jax, which the configs do not need).
+        fadings, shares = ("rayleigh", "none"), ("dedicated", "share_selected")
+        if self.hwn_fading not in fadings:
+            raise bad("systems.hwn_fading", self.hwn_fading, f"one of {list(fadings)}")
+        if self.hwn_bandwidth_share not in shares:
+            raise bad(
+                "systems.hwn_bandwidth_share", self.hwn_bandwidth_share, f"one of {list(shares)}"
+            )
+        _check_range("systems.hwn_cpu_hz", self.hwn_cpu_hz)
+        _check_range("systems.hwn_dist_m", self.hwn_dist_m)
+        p = self.hwn_power_dbm  # dBm may be negative: only low <= high
+        if not (
+            isinstance(p, list | tuple)
+            and len(p) == 2
+            and all(isinstance(v, int | float) for v in p)
+            and p[0] <= p[1]
+        ):
+            raise bad("systems.hwn_power_dbm", p, "a pair [low, high] (dBm) with low <= high")
+        for key in (
+            "hwn_bandwidth_hz",
+            "hwn_noise_w",
+            "hwn_cycles_per_sample",
+            "hwn_path_loss_exp",
+            "hwn_d0_m",
+            "hwn_backhaul_bps",
+        ):
+            if not getattr(self, key) > 0:
+                raise bad(f"systems.{key}", getattr(self, key), "a number > 0")
+        for key in ("hwn_capacitance", "hwn_edge_power_w"):
+            if not getattr(self, key) >= 0:
+                raise bad(f"systems.{key}", getattr(self, key), "a number >= 0")
 
 
 WIRELESS_MODES = ("empirical", "shannon")
