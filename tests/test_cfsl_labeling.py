@@ -319,3 +319,25 @@ def test_labeling_accuracy_matches_reference():
     assert 0 < ref_correct < accepted.sum()  # neither 0 nor 1: the pooling is exercised
     zero = lb.labeling_accuracy(pseudo_y, np.zeros((C, N), bool), true_y)
     assert [float(v) for v in zero] == [0.0, 0.0, 0.0]
+
+
+def test_keep_better_streamed_equals_best_model_then_gather():
+    """BM streamed over the slots (keep_better in a scan) picks best_model's slot, ties
+    included, and keeps that model's probabilities."""
+    rng = np.random.default_rng(3)
+    k, c, n, y = 6, 9, 4, 3
+    util = rng.integers(0, 3, (k, c)).astype(np.float32) / 2  # many exact ties
+    conf = rng.integers(0, 2, (k, c)).astype(np.float32)  # ties on the tiebreak too
+    active = np.array([True, False, True, True, False, True])
+    probs = rng.dirichlet(np.ones(y), (k, c, n)).astype(np.float32)
+    u = lb.accuracy_utility(util * 4, np.full(c, 4), active)
+    conf, probs, act = jnp.asarray(conf), jnp.asarray(probs), jnp.asarray(active)
+
+    def visit(best, m):
+        new = lb.keep_better(best, u[m], conf[m], probs[m])
+        return jax.tree.map(lambda a, b: jnp.where(act[m], a, b), new, best), None
+
+    start = (jnp.full(c, -jnp.inf), jnp.full(c, -jnp.inf), jnp.zeros((c, n, y)))
+    (_, _, got), _ = jax.jit(lambda s: jax.lax.scan(visit, s, jnp.arange(k)))(start)
+    choice = np.asarray(lb.best_model(u, conf, active))
+    np.testing.assert_array_equal(got, np.asarray(probs)[choice, np.arange(c)])

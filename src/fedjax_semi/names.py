@@ -8,6 +8,7 @@ import that its registry holds exactly these names.
 from __future__ import annotations
 
 ALGORITHM_NAMES: tuple[str, ...] = (
+    "cfsl",
     "cofed",
     "dofed_spp",
     "fedavg",
@@ -23,6 +24,7 @@ ALGORITHM_NAMES: tuple[str, ...] = (
     "fixavg",
     "fixbn",
     "fixprox",
+    "hfsl",
     "lg_fedavg",
     "local",
     "pfedavg",

@@ -150,6 +150,10 @@ def build_federated(
         flat = np.concatenate(partition.clients["test"]) if partition.clients["test"] else []
         test_in_global = bool(np.isin(flat, partition.server["test_global"]).all())
     server = {k: jnp.asarray(v.astype(np.int32)) for k, v in partition.server.items()}
+    if "edge" in partition.assignments:
+        # The network's worker-edge association (CFSL's A_i^j), known to the cloud: not an
+        # index set, and not the hidden cluster the partition also records.
+        server["edge_of"] = jnp.asarray(np.asarray(partition.assignments["edge"], np.int32))
     start = len(x_train) + len(x_test)
     for name, xs in extra.items():
         server[name] = jnp.arange(start, start + len(xs), dtype=jnp.int32)

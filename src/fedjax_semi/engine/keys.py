@@ -95,6 +95,11 @@ FEDMD_DIGEST_DROPOUT = 76  # its dropout
 ADA_P_ARM = 80  # the P agent's arm for the next round (Eq. 18)
 ADA_C_ARM = 81  # the C agent's arm for the next round (Eq. 18)
 
+# ---- CFSL (90-92; algorithms.cfsl): its local training draws on SAMPLE and DROPOUT -------------
+CFSL_DEVICES = 90  # each worker's fixed transmit power, CPU frequency and distance
+CFSL_FADING = 91  # each round's Rayleigh block fading
+CFSL_SELECT = 92  # random selection in stopped clusters (the CFL + SSL random baseline)
+
 # ---- folded into an already derived key, not into the seed key --------------------------------
 AUGMENT_STREAM = 7919  # a training step's key -> its augmentation draws (engine.train)
 

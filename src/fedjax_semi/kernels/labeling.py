@@ -149,6 +149,31 @@ def best_model(utility: jax.Array, tiebreak: jax.Array, active: jax.Array) -> ja
     return jnp.argmax(cand, axis=0).astype(jnp.int32)  # first True: the lowest m
 
 
+def keep_better(
+    best: tuple[jax.Array, jax.Array, jax.Array],
+    utility_m: jax.Array,
+    tiebreak_m: jax.Array,
+    probs_m: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One step of `best_model` streamed over the models, keeping the best model's outputs:
+    the body of a lax.scan over slots m = 0..K-1 (inactive slots skipped), so BM reads each
+    model's outputs on D^u once and holds [C, N, Y], not [K, C, N, Y].
+
+    best = (utility [C], tiebreak [C], probs [C, N, Y]) of the best model so far (start with
+    -inf, -inf, zeros); utility_m, tiebreak_m [C] and probs_m [C, N, Y] of model m. Model m
+    replaces the best where its (utility, tiebreak) is strictly greater lexicographically, so
+    ties keep the lower m: after every active slot the result is `best_model`'s choice.
+    """
+    bu, bt, bp = best
+    u, t = as_float(utility_m), as_float(tiebreak_m)
+    better = (u > bu) | ((u == bu) & (t > bt))
+    return (
+        jnp.where(better, u, bu),
+        jnp.where(better, t, bt),
+        jnp.where(better[:, None, None], probs_m, bp),
+    )
+
+
 # ----------------------------------------------------------------------------- EM (P3)
 
 

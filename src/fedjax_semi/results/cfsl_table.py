@@ -1,0 +1,195 @@
+"""CFSL's scenario table (the paper's Figs. 4-11 as numbers): every scenario and baseline with
+mean / min / max test accuracy over workers, labeling accuracy, coverage and average energy, mean
+± std over seeds, the energy saving against HFSL (paired by seed) beside the paper's, and the
+claims of its Sec. VII checked on the runs.
+
+Runs are the directories `ROOT/<setting>/seed_<s>/` that `fedjax-semi ... replicas=R
+out_dir=ROOT/<setting>` writes (or `ROOT/<setting>/` for one seed). A setting's name is its label
+in the table: the eight scenarios `bmspgs` ... `emstrr`, and the baselines `hfsl_sp`, `hfsl_st`
+(HFSL timed by Eq. 5 or Eq. 25), `cfl_gs` (labeled-only CFL, greedy) and `bmspgs_random` (CFL +
+SSL with random selection). Accuracies are the mean of the last `--last` evaluations; energy is
+the mean over rounds of E_r (Eq. 16, cloud uplinks included), the paper's "averaged energy".
+
+    python -m fedjax_semi.results.cfsl_table ROOT [--last 3] [--out table.md] [--plot fig.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fedjax_semi.results.report import mean_std
+
+SCENARIO_ORDER = (
+    "bmspgs", "bmsprr", "bmstgs", "bmstrr", "emspgs", "emsprr", "emstgs", "emstrr",
+    "bmspgs_random", "cfl_gs", "hfsl_sp", "hfsl_st",
+)  # fmt: skip
+# The paper's energy savings against HFSL (Fig. 10(a), FEMNIST, phi = 0.7, split-based timing).
+PAPER_SAVING = {"bmspgs": 56.01, "bmsprr": 50.27, "emspgs": 47.22, "emsprr": 36.67}
+ACC_KEYS = ("accuracy", "min_acc", "max_acc", "labeling_acc", "coverage")
+
+
+def baseline_of(setting: str) -> str:
+    """The HFSL run a setting's energy saving is paired with: same prediction timing."""
+    return "hfsl_st" if setting[2:4] == "st" else "hfsl_sp"
+
+
+def seed_dirs(root: Path) -> dict[str, dict[int, Path]]:
+    """setting -> {seed: run dir} for every run under root with a metrics.jsonl."""
+    out: dict[str, dict[int, Path]] = {}
+    for m in sorted(Path(root).glob("*/**/metrics.jsonl")):
+        d = m.parent
+        setting = d.relative_to(root).parts[0]
+        cfg = (
+            json.loads((d / "run_config.json").read_text())
+            if (d / "run_config.json").exists()
+            else {}
+        )
+        seed = int(d.name[5:]) if d.name.startswith("seed_") else int(cfg.get("seed", 0))
+        out.setdefault(setting, {})[seed] = d
+    return out
+
+
+def run_stats(run: Path, last: int) -> dict:
+    """One run: the mean of the last `last` evaluations of ACC_KEYS, the average energy per
+    round, and the per-round curves (round, accuracy) and (round, cumulative avg energy)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "accuracy" in r]
+    out = {}
+    for k in ACC_KEYS:
+        vals = [r[k] for r in evals[-last:] if r.get(k) is not None]
+        out[k] = float(np.nanmean(vals)) if vals else float("nan")
+    out["avg_energy"] = float(np.mean([r["round_energy"] for r in rows]))
+    out["worker_energy"] = float(np.mean([r["worker_energy"] for r in rows]))
+    out["acc_curve"] = [(r["round"], r["accuracy"]) for r in evals]
+    out["energy_curve"] = [(r["round"], r["avg_energy"]) for r in rows]
+    out["rounds"] = rows[-1]["round"]
+    return out
+
+
+def collect(root: Path, last: int) -> dict[str, dict[int, dict]]:
+    return {
+        s: {seed: run_stats(d, last) for seed, d in seeds.items()}
+        for s, seeds in seed_dirs(root).items()
+    }
+
+
+def _cell(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    vals = [v for v in values if np.isfinite(v)]
+    if not vals:
+        return "–"
+    mu, sd = mean_std(vals)
+    return f"{scale * mu:.{digits}f} ± {scale * sd:.{digits}f}"
+
+
+def savings(stats: dict[str, dict[int, dict]], setting: str) -> list[float]:
+    """Per seed, 100 (E_base - E) / E_base against the HFSL run of the same seed and timing."""
+    base = stats.get(baseline_of(setting), {})
+    return [
+        100 * (base[s]["avg_energy"] - r["avg_energy"]) / base[s]["avg_energy"]
+        for s, r in stats[setting].items()
+        if s in base
+    ]
+
+
+def table(stats: dict[str, dict[int, dict]]) -> str:
+    header = (
+        "| setting | seeds | mean acc (%) | min acc (%) | max acc (%) | labeling acc (%) | "
+        "coverage (%) | avg energy (J / round) | saving vs HFSL (%) | paper saving (%) |"
+    )
+    lines = [header, "|" + "---|" * 10]
+    order = [s for s in SCENARIO_ORDER if s in stats] + sorted(set(stats) - set(SCENARIO_ORDER))
+    for s in order:
+        rs = list(stats[s].values())
+        cells = [s, str(len(rs))]
+        cells += [_cell([r[k] for r in rs]) for k in ACC_KEYS]
+        cells.append(_cell([r["avg_energy"] for r in rs], scale=1.0, digits=0))
+        sv = savings(stats, s) if not s.startswith("hfsl") else []
+        cells.append(_cell(sv, scale=1.0) if sv else "–")
+        cells.append(f"{PAPER_SAVING[s]:.2f}" if s in PAPER_SAVING else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _mean(stats, setting: str, key: str) -> float:
+    return float(np.nanmean([r[key] for r in stats[setting].values()]))
+
+
+def claims(stats: dict[str, dict[int, dict]]) -> list[str]:
+    """The paper's orderings (Sec. VII), each stated as holding or not on these runs (means
+    over seeds; the energy saving ordering on the paired per-seed savings)."""
+    out = []
+    scen = [s for s in SCENARIO_ORDER[:8] if s in stats]
+    for key, what in (("accuracy", "mean test accuracy"), ("labeling_acc", "labeling accuracy")):
+        for s in scen:
+            b = baseline_of(s)
+            if b in stats:
+                a, h = _mean(stats, s, key), _mean(stats, b, key)
+                out.append(f"{s} above {b} in {what}: {'yes' if a > h else 'NO'} "
+                           f"({100 * a:.1f} vs {100 * h:.1f})")  # fmt: skip
+    if {"bmspgs", "cfl_gs"} <= set(stats):
+        a, b = _mean(stats, "bmspgs", "accuracy"), _mean(stats, "cfl_gs", "accuracy")
+        out.append(f"SSL (bmspgs) above labeled-only CFL (cfl_gs): {'yes' if a > b else 'NO'} "
+                   f"({100 * a:.1f} vs {100 * b:.1f})")  # fmt: skip
+    if {"bmspgs", "bmspgs_random"} <= set(stats):
+        a, b = _mean(stats, "bmspgs", "avg_energy"), _mean(stats, "bmspgs_random", "avg_energy")
+        out.append(f"greedy below random selection in energy: {'yes' if a < b else 'NO'} "
+                   f"({a:.0f} vs {b:.0f} J / round)")  # fmt: skip
+    sv = {s: float(np.mean(savings(stats, s))) for s in PAPER_SAVING if s in stats}
+    pairs = (("bmspgs", "emspgs", "BM > EM"), ("bmsprr", "emsprr", "BM > EM"),
+             ("bmspgs", "bmsprr", "greedy > RR"), ("emspgs", "emsprr", "greedy > RR"))  # fmt: skip
+    for a, b, what in pairs:
+        if a in sv and b in sv:
+            out.append(f"energy saving {what} ({a} vs {b}): {'yes' if sv[a] > sv[b] else 'NO'} "
+                       f"({sv[a]:.1f}% vs {sv[b]:.1f}%)")  # fmt: skip
+    return out
+
+
+def plot(stats: dict[str, dict[int, dict]], path: Path) -> None:
+    """Mean test accuracy and average energy over rounds, mean over seeds, per setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for s in [s for s in SCENARIO_ORDER if s in stats]:
+        runs = list(stats[s].values())
+        style = "--" if s.startswith(("hfsl", "cfl", "bmspgs_")) else "-"
+        for ax, key in ((ax1, "acc_curve"), (ax2, "energy_curve")):
+            n = min(len(r[key]) for r in runs)
+            x = [p[0] for p in runs[0][key][:n]]
+            y = np.mean([[p[1] for p in r[key][:n]] for r in runs], axis=0)
+            ax.plot(x, y, style, label=s)
+    ax1.set(xlabel="round", ylabel="mean test accuracy over workers", title="accuracy")
+    ax2.set(xlabel="round", ylabel="average energy per round (J)", title="energy (Eq. 16)")
+    ax2.set_yscale("log")
+    ax1.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m fedjax_semi.results.cfsl_table")
+    ap.add_argument("root", type=Path, help="directory of <setting>/seed_<s>/ runs")
+    ap.add_argument("--last", type=int, default=3, help="evaluations averaged (default 3)")
+    ap.add_argument("--out", type=Path, default=None, help="write the table (Markdown) here")
+    ap.add_argument("--plot", type=Path, default=None, help="accuracy and energy over rounds")
+    args = ap.parse_args(argv)
+    stats = collect(args.root, args.last)
+    if not stats:
+        raise SystemExit(f"root={str(args.root)!r} holds no run with a metrics.jsonl")
+    text = table(stats) + "\n\n" + "\n".join(f"- {c}" for c in claims(stats)) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    if args.plot:
+        plot(stats, args.plot)
+
+
+if __name__ == "__main__":
+    main()

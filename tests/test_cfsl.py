@@ -1,0 +1,240 @@
+"""CFSL end to end on a tiny cfsl partition of digits (8x8): 24 workers under 2 edge servers,
+two latent groups told apart by a label permutation. The split finds the groups (acceptance
+check 4), the round reduces to two-level FedAvg (8), the jit program equals the reference loop
+(9), labeling timing and pool accounting (13, 14), selection in stopped clusters (15), hidden
+labels, the scenario names (21) and bad input. The kernels: test_clustering.py,
+test_cfsl_labeling.py, test_scheduling.py; the cost model: test_hwn.py."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import compose_config
+from fedjax_semi import experiment
+from fedjax_semi.algorithms.cfsl import flatten_clients
+from fedjax_semi.algorithms.cfsl_config import SCENARIOS, CFSLConfig
+from fedjax_semi.engine.simulate import Runner
+from fedjax_semi.errors import ConfigError
+
+N = 24
+KEY = jax.random.PRNGKey(0)  # the Runner's key at seed 0: prepare() again sees round t's draws
+BASE = [
+    "algorithm=cfsl",
+    "partition=cfsl",
+    "systems=hwn",
+    f"num_clients={N}",
+    f"clients_per_round={N}",
+    "partition.num_edges=2",
+    "partition.cfsl_base=iid",
+    "partition.labeled_fraction=0.6",
+    "model.hidden=[16]",
+    "algorithm.local_epochs=3",
+    "algorithm.batch_size=16",
+    "algorithm.lr=0.1",
+    "algorithm.max_clusters=8",
+    "algorithm.split_warmup=3",
+    # Eqs. 5 and 6 always hold: the first split comes at the warm-up round, the test is its side.
+    "algorithm.eps1=1e6",
+    "algorithm.eps2=1e-6",
+    "algorithm.phi=0.0",
+]
+
+
+def build(*extra: str):
+    return experiment.build(compose_config(*BASE, *extra))
+
+
+def run(exp, rounds: int, backend: str = "jit", chunk="all", fed=None):
+    runner = Runner(exp.alg, exp.fed if fed is None else fed, backend=backend, chunk=chunk,
+                    eval_chunk=chunk)  # fmt: skip
+    state, rows = runner.init(), []
+    for _ in range(rounds):
+        state, m = runner.round(state)
+        rows.append(jax.device_get(m))
+    return runner, state, rows
+
+
+@pytest.fixture(scope="module")
+def exp():
+    return build()
+
+
+@pytest.fixture(scope="module")
+def four(exp):
+    """Four rounds: the split at round 3, labeling (split-based) in round 4."""
+    return run(exp, 4)
+
+
+def test_first_split_separates_the_latent_groups_on_every_edge(exp, four):
+    _, state, rows = four
+    assert [int(m["splits"]) for m in rows] == [0, 0, 2, 0]  # one per edge, at the warm-up
+    cid = np.asarray(state.extra["cid"])
+    edge = exp.partition.assignments["edge"]
+    group = exp.partition.assignments["cluster"]
+    assert len(np.unique(cid)) == 4
+    for k in np.unique(cid):
+        members = cid == k
+        assert len(np.unique(edge[members])) == 1  # clusters stay inside one edge
+        assert len(np.unique(group[members])) == 1  # purity 1.0
+    assert not np.asarray(state.extra["root"])[np.unique(cid)].any()
+
+
+def test_children_start_from_the_parent_then_take_their_own_mean(exp):
+    """Acceptance 6-7: after the split both children = the parent's pre-round model + the
+    weighted mean update of their own members (a NumPy per-cluster loop); the cloud then
+    averages the cross-edge children of one latent group (their mean updates agree)."""
+    runner, state, _ = run(exp, 2)
+    new, _ = runner.round(state)
+    plan, inputs, shared = exp.alg.prepare(state, runner.data, KEY)
+    outs = jax.vmap(exp.alg.client_update, in_axes=(0, None))(inputs, shared)
+    delta = np.asarray(flatten_clients(outs["delta"]))
+    before = np.asarray(flatten_clients(state.extra["cl_vars"]))
+    after = np.asarray(flatten_clients(new.extra["cl_vars"]))
+    cid_old, cid = np.asarray(state.extra["cid"]), np.asarray(new.extra["cid"])
+    w = np.asarray(plan.n_train, np.float64)
+    group = exp.partition.assignments["cluster"]
+    own, weight = {}, {}
+    for k in np.unique(cid):
+        members = cid == k
+        parent = np.unique(cid_old[members])
+        assert len(parent) == 1
+        own[k] = before[parent[0]] + (w[members, None] * delta[members]).sum(0) / w[members].sum()
+        weight[k] = w[members].sum()
+    for g in (0, 1):  # the cloud merge: one model per latent group, weighted by cluster data
+        ks = [k for k in own if group[cid == k][0] == g]
+        assert len(ks) == 2  # one child per edge
+        want = sum(weight[k] * own[k] for k in ks) / sum(weight[k] for k in ks)
+        for k in ks:
+            # atol: float32 sums of ~1e-2 updates, values near zero.
+            np.testing.assert_allclose(after[k], want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def labeled_only():
+    """Labeled-only CFL (the paper's baseline): no pseudo-labels."""
+    return build("algorithm.prediction_time=none")
+
+
+def test_reduces_to_two_level_fedavg(labeled_only):
+    """Acceptance 8: before any split, with no labeling and everyone selected, every root holds
+    theta0 + the data-weighted mean update of all workers (edge average, then the cloud's)."""
+    exp = labeled_only
+    runner = Runner(exp.alg, exp.fed, chunk="all", eval_chunk="all")
+    state = runner.init()
+    new, m = runner.round(state)
+    plan, inputs, shared = exp.alg.prepare(state, runner.data, KEY)
+    outs = jax.vmap(exp.alg.client_update, in_axes=(0, None))(inputs, shared)
+    delta = np.asarray(flatten_clients(outs["delta"]), np.float64)
+    w = np.asarray(exp.fed.roles["labeled"].count, np.float64)
+    theta0 = np.asarray(flatten_clients(state.extra["cl_vars"]))[0]
+    want = theta0 + (w[:, None] * delta).sum(0) / w.sum()
+    after = np.asarray(flatten_clients(new.extra["cl_vars"]))
+    assert int(np.sum(new.extra["active"])) == 2  # one root per edge
+    for k in np.flatnonzero(np.asarray(new.extra["active"])):
+        # atol: float32 sums of ~1e-2 updates, values near zero.
+        np.testing.assert_allclose(after[k], want, rtol=1e-4, atol=1e-6)
+    glob = flatten_clients(jax.tree.map(lambda a: a[None], new.global_vars))
+    np.testing.assert_allclose(np.asarray(glob)[0], want, rtol=1e-4, atol=1e-6)
+    assert int(m["selected"]) == N and int(m["splits"]) == 0
+
+
+@pytest.mark.parametrize(
+    "backend, chunk", [("jit", 1), pytest.param("reference", "all", marks=pytest.mark.slow)]
+)
+def test_jit_chunks_and_reference_loop_agree(exp, four, backend, chunk):
+    """Acceptance 9: all at once, one at a time and the reference loop, through a split and a
+    labeling round."""
+    _, a, _ = four
+    _, b, _ = run(exp, 4, backend=backend, chunk=chunk)
+    np.testing.assert_array_equal(a.extra["cid"], b.extra["cid"])
+    np.testing.assert_array_equal(a.extra["accepted"], b.extra["accepted"])
+    for x, y in zip(jax.tree.leaves(a.extra["cl_vars"]), jax.tree.leaves(b.extra["cl_vars"]),
+                    strict=True):  # fmt: skip
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)  # reassociation, near-0 values
+
+
+def test_split_based_labeling_starts_after_the_first_split(exp):
+    """Acceptance 13-14: no pseudo-labels before the first split (round 3), every unlabeled
+    example from round 4 on (phi = 0); n_train = n_lab + accepted (Eq. 20) and the clock's
+    compute time grows with it (Eq. 21)."""
+    runner, state, rows = run(exp, 4)
+    assert [int(m["pseudo_labeled"]) for m in rows[:3]] == [0, 0, 0]
+    unl = exp.fed.roles["unlabeled"]
+    assert int(rows[3]["pseudo_labeled"]) == int(np.sum(unl.count))
+    plan, _, _ = exp.alg.prepare(state, runner.data, KEY)
+    n_lab = np.asarray(exp.fed.roles["labeled"].count)
+    np.testing.assert_array_equal(plan.n_train, n_lab + np.asarray(plan.accepted).sum(1))
+    assert np.all(np.asarray(plan.costs["t_cmp"]) > 0)
+
+
+def test_stopping_based_labels_only_stopped_clusters():
+    """Clusters stop at the warm-up round (eps2 huge: Eq. 25 holds, Eq. 6 never): only their
+    workers label, and greedy keeps k = 1 worker per stopped cluster (acceptance 13, 15)."""
+    exp = build("algorithm.scenario=bmstgs", "algorithm.eps2=1e6")
+    _, state, rows = run(exp, 4)
+    assert [int(m["num_stopped"]) for m in rows] == [0, 0, 2, 2]
+    assert [int(m["selected"]) for m in rows] == [N, N, N, 2]
+    assert int(rows[2]["pseudo_labeled"]) == 0 and int(rows[3]["pseudo_labeled"]) > 0
+
+
+def test_labeled_only_cfl_never_pseudo_labels(labeled_only):
+    _, _, rows = run(labeled_only, 4)
+    assert all(int(m["pseudo_labeled"]) == 0 for m in rows)
+    assert int(rows[2]["splits"]) == 2
+
+
+@pytest.mark.parametrize("name", ["cfsl", "hfsl"])
+def test_hidden_labels_never_reach_training(exp, four, name):
+    """Through the split and the first labeling round (phi = 0: every unlabeled example)."""
+    if name == "hfsl":
+        exp = build("algorithm=hfsl")
+        _, a, _ = run(exp, 4)
+    else:
+        _, a, _ = four
+    t = exp.fed.roles["unlabeled"]
+    idx = np.asarray(t.idx)[np.asarray(t.mask)]
+    y = np.asarray(exp.fed.eval_y).copy()
+    y[idx] = (y[idx] + 1) % exp.fed.num_classes
+    _, b, _ = run(exp, int(a.round), fed=exp.fed.with_hidden_labels(jnp.asarray(y)))
+    for x, z in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(x, z)
+
+
+def test_evaluation_reports_worker_spread_and_labeling(exp):
+    runner, state, _ = run(exp, 4)
+    ev = jax.device_get(runner.evaluate(state))
+    assert 0 <= ev["min_acc"] <= ev["accuracy"] <= ev["max_acc"] <= 1
+    assert ev["coverage"] == pytest.approx(1.0)  # phi = 0
+    assert 0 < ev["labeling_acc"] <= 1
+
+
+def test_scenarios_name_the_three_axes():
+    assert len(SCENARIOS) == 8
+    assert SCENARIOS["bmspgs"] == ("best", "split", "greedy")
+    assert SCENARIOS["emstrr"] == ("ensemble", "stopping", "round_robin")
+    assert CFSLConfig(scenario="emsprr", selection="random").axes() == (
+        "ensemble", "split", "random")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("algorithm.scenario=bmxxgs", "algorithm.scenario"),
+        ("algorithm.selection=best", "algorithm.selection"),
+        ("algorithm.max_clusters=1", "algorithm.max_clusters"),
+        ("algorithm.eps1=0", "algorithm.eps1"),
+        ("algorithm.cloud_tau=2", "algorithm.cloud_tau"),
+    ],
+)
+def test_bad_input_one_line(override, key):
+    with pytest.raises(ConfigError) as e:
+        compose_config(*BASE, override)
+    assert key in str(e.value) and "\n" not in str(e.value)
+
+
+def test_hfsl_refuses_clustering():
+    with pytest.raises(ConfigError, match="algorithm.clustering"):
+        experiment.build(compose_config(*BASE[1:], "algorithm=hfsl", "algorithm.clustering=true"))
