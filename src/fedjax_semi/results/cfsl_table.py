@@ -115,7 +115,8 @@ def table(stats: dict[str, dict[int, dict]]) -> str:
 
 
 def _mean(stats, setting: str, key: str) -> float:
-    return float(np.nanmean([r[key] for r in stats[setting].values()]))
+    vals = [r[key] for r in stats[setting].values() if np.isfinite(r[key])]
+    return float(np.mean(vals)) if vals else float("nan")
 
 
 def claims(stats: dict[str, dict[int, dict]]) -> list[str]:
@@ -128,6 +129,9 @@ def claims(stats: dict[str, dict[int, dict]]) -> list[str]:
             b = baseline_of(s)
             if b in stats:
                 a, h = _mean(stats, s, key), _mean(stats, b, key)
+                if not np.isfinite(h):  # HFSL never labeled: nothing to compare
+                    out.append(f"{s} above {b} in {what}: n/a ({b} accepted no pseudo-label)")
+                    continue
                 out.append(f"{s} above {b} in {what}: {'yes' if a > h else 'NO'} "
                            f"({100 * a:.1f} vs {100 * h:.1f})")  # fmt: skip
     if {"bmspgs", "cfl_gs"} <= set(stats):

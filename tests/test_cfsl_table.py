@@ -1,0 +1,71 @@
+"""CFSL's scenario table on generated run directories in the simulator's on-disk format
+(`<setting>/seed_<s>/metrics.jsonl`): last-k means, the paired energy saving, the claims."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedjax_semi.results import cfsl_table
+
+
+def write_run(d, acc: float, energy: float, labeling: float | None, rounds: int = 10):
+    d.mkdir(parents=True)
+    rows = []
+    for t in range(1, rounds + 1):
+        row = {
+            "round": t,
+            "round_energy": energy,
+            "worker_energy": energy - 1,
+            "avg_energy": energy,
+        }
+        if t % 5 == 0:  # an evaluation every 5 rounds: the last one is `acc`, the first acc - 0.1
+            row.update(accuracy=acc - 0.1 * (t < rounds), min_acc=0.0, max_acc=1.0,
+                       labeling_acc=labeling, coverage=0.5)  # fmt: skip
+        rows.append(row)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture
+def root(tmp_path):
+    for seed, e in ((0, 100.0), (1, 200.0)):
+        write_run(tmp_path / "hfsl_sp" / f"seed_{seed}", 0.4, e, 0.3)
+        write_run(tmp_path / "hfsl_st" / f"seed_{seed}", 0.5, e, None)
+        write_run(tmp_path / "bmspgs" / f"seed_{seed}", 0.6, e / 2, 0.7)  # saves 50% each seed
+        write_run(tmp_path / "emspgs" / f"seed_{seed}", 0.3, 0.75 * e, 0.2)  # saves 25%
+        write_run(tmp_path / "bmstgs" / f"seed_{seed}", 0.55, e, 0.8)
+    return tmp_path
+
+
+def test_last_k_mean_and_paired_saving(root):
+    stats = cfsl_table.collect(root, last=2)
+    # Evaluations at rounds 5 and 10: (acc - 0.1 + acc) / 2.
+    assert stats["bmspgs"][0]["accuracy"] == pytest.approx(0.55)
+    assert stats["bmspgs"][1]["avg_energy"] == pytest.approx(100.0)
+    assert cfsl_table.savings(stats, "bmspgs") == pytest.approx([50.0, 50.0])
+    assert cfsl_table.savings(stats, "bmstgs") == pytest.approx([0.0, 0.0])  # against hfsl_st
+    text = cfsl_table.table(stats)
+    line = next(ln for ln in text.splitlines() if ln.startswith("| bmspgs |"))
+    assert "| 2 | 55.0 ± 0.0 |" in line and "| 50.0 ± 0.0 | 56.01 |" in line
+
+
+def test_claims_say_yes_no_and_not_applicable(root):
+    claims = cfsl_table.claims(cfsl_table.collect(root, last=1))
+    assert "bmspgs above hfsl_sp in mean test accuracy: yes (60.0 vs 40.0)" in claims
+    assert "emspgs above hfsl_sp in mean test accuracy: NO (30.0 vs 40.0)" in claims
+    assert any(c.startswith("bmstgs above hfsl_st in labeling accuracy: n/a") for c in claims)
+    assert "energy saving BM > EM (bmspgs vs emspgs): yes (50.0% vs 25.0%)" in claims
+
+
+def test_cli_writes_table_and_plot(root, capsys):
+    out, fig = root / "table.md", root / "fig.png"
+    cfsl_table.main([str(root), "--last", "1", "--out", str(out), "--plot", str(fig)])
+    assert "| hfsl_sp | 2 |" in out.read_text() and "| hfsl_sp |" in capsys.readouterr().out
+    assert fig.stat().st_size > 10_000
+
+
+def test_empty_root_is_one_clear_line(tmp_path):
+    with pytest.raises(SystemExit, match="holds no run"):
+        cfsl_table.main([str(tmp_path)])
+    assert cfsl_table._cell([float("nan")]) == "–"  # a metric no seed has
