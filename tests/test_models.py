@@ -190,7 +190,9 @@ def _setup(name: str):
     return model, stacked, apply
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet9"])
+# ResNet-9 (not a default model; its forward modes are the CNN's plus BatchNorm, which the masked
+# BatchNorm tests cover) in make test-slow.
+@pytest.mark.parametrize("name", ["mlp", "cnn", pytest.param("resnet9", marks=pytest.mark.slow)])
 def test_model_forward_modes(name: str) -> None:
     model, stacked, apply = _setup(name)
     variables = _client(stacked, 0)

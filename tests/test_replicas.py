@@ -58,8 +58,10 @@ def test_replica_r_is_the_run_of_seed_r_alone(name):
         for a, b in zip(looped, stacked, strict=True):
             np.testing.assert_allclose(a["client_acc"], b["client_acc"], atol=1e-5)
             np.testing.assert_allclose(a["train_loss"], b["train_loss"], atol=1e-5)
+    # The last replica against its seed run alone (replica 0 would agree with a runner that
+    # ignored the replica axis and drew from the first key only).
     alone = {}
-    for r, seed in enumerate(SEEDS):
+    for r, seed in list(enumerate(SEEDS))[-1:]:
         alone[seed], state = rows_of(exp.runner(seed=seed), 3)
         for t, (a, b) in enumerate(zip(stacked, alone[seed], strict=True)):
             np.testing.assert_array_equal(a["cohort"][r], b["cohort"], err_msg=f"round {t}")
@@ -70,10 +72,8 @@ def test_replica_r_is_the_run_of_seed_r_alone(name):
         for x, y in zip(jax.tree.leaves(stacked_state), jax.tree.leaves(state), strict=True):
             np.testing.assert_allclose(np.asarray(x)[r], y, atol=1e-5, err_msg=f"{name} state")
     # the seeds differ: a replica axis that ignored its key would fail here
-    a, b = (alone[s][-1] for s in SEEDS)
-    assert not np.allclose(a["client_acc"], b["client_acc"]) or not np.array_equal(
-        a["cohort"], b["cohort"]
-    )
+    a, b = (np.asarray(stacked[-1][k]) for k in ("client_acc", "cohort"))
+    assert not np.allclose(a[0], a[-1]) or not np.array_equal(b[0], b[-1])
 
 
 def test_run_writes_one_directory_per_seed_and_the_report_groups_them(tmp_path):

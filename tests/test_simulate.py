@@ -66,10 +66,7 @@ def test_same_seed_same_metrics(tmp_path):
         experiment.run(experiment.build(compose_config("algorithm=fedavg_pl")), tmp_path / d)
     a = rows_without_wall_time(tmp_path / "a" / "metrics.jsonl")
     assert a == rows_without_wall_time(tmp_path / "b" / "metrics.jsonl")
-    experiment.run(
-        experiment.build(compose_config("algorithm=fedavg_pl", "seed=1")), tmp_path / "c"
-    )
-    assert a != rows_without_wall_time(tmp_path / "c" / "metrics.jsonl")
+    # Another seed gives other metrics: test_replicas.py (each replica is its seed's run).
 
 
 def cli(*args: str, **kw) -> list[str]:
