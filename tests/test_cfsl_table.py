@@ -35,6 +35,7 @@ def root(tmp_path):
         write_run(tmp_path / "bmspgs" / f"seed_{seed}", 0.6, e / 2, 0.7)  # saves 50% each seed
         write_run(tmp_path / "emspgs" / f"seed_{seed}", 0.3, 0.75 * e, 0.2)  # saves 25%
         write_run(tmp_path / "bmstgs" / f"seed_{seed}", 0.55, e, 0.8)
+        write_run(tmp_path / "bmspgs_random" / f"seed_{seed}", 0.6, 0.8 * e, 0.7)
     return tmp_path
 
 
@@ -55,7 +56,9 @@ def test_claims_say_yes_no_and_not_applicable(root):
     assert "bmspgs above hfsl_sp in mean test accuracy: yes (60.0 vs 40.0)" in claims
     assert "emspgs above hfsl_sp in mean test accuracy: NO (30.0 vs 40.0)" in claims
     assert any(c.startswith("bmstgs above hfsl_st in labeling accuracy: n/a") for c in claims)
-    assert "energy saving BM > EM (bmspgs vs emspgs): yes (50.0% vs 25.0%)" in claims
+    want = "greedy below random selection in energy (bmspgs vs bmspgs_random): yes (37.50% less"
+    assert any(c.startswith(want) for c in claims)
+    assert "energy saving BM > EM (bmspgs vs emspgs): yes (50.00% vs 25.00%)" in claims
 
 
 def test_cli_writes_table_and_plot(root, capsys):
