@@ -76,6 +76,13 @@ def pytest_unconfigure(config) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def examples(n: int) -> int:
+    """Hypothesis examples for a property test that would draw n: a third of them (at least 5)
+    in the fast suite, whose examples of new shapes each compile the kernels again; all n with
+    HYPOTHESIS_FULL=1 (e.g. `HYPOTHESIS_FULL=1 make test`)."""
+    return n if os.environ.get("HYPOTHESIS_FULL") else max(5, n // 3)
+
+
 # A run on digits that compiles and trains in seconds.
 SMALL = [
     "dataset=digits",

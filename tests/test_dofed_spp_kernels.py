@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from fedjax_semi.kernels import fedfomo_weights as fw
 from fedjax_semi.kernels import similarity as sim
 from fedjax_semi.systems import wireless as wl
@@ -131,7 +132,7 @@ def np_flat(params, i):
 # ----------------------------------------------------------------------------- distances (AC8)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     st.integers(1, 6), st.integers(1, 6), st.integers(1, 40), st.sampled_from([None, 1, 2]), SEEDS
 )
@@ -256,7 +257,7 @@ def test_sr_degenerate_rows_ac1():
 sr_jit = jax.jit(sim.similarity_ratios, static_argnames=("eps", "exclude_self", "degenerate"))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     st.integers(1, 5),
     st.sampled_from([0.25, 0.5, 1.0]),
@@ -292,7 +293,7 @@ def test_sr_matches_numpy_reference_ac1(n, gamma, g1, g2, excl, rule, first, use
         np.testing.assert_array_equal(got[deg], prev[deg])
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.integers(2, 6), st.floats(0.01, 3.0), st.floats(0.01, 2.0), SEEDS)
 def test_sr_monotone_in_loss_and_distance_ac4(n, drop, grow, seed):
     """Lowering l_n(M_i) never lowers S[n, i]; growing d[n, i] never raises it."""
@@ -314,7 +315,7 @@ def test_sr_monotone_in_loss_and_distance_ac4(n, drop, grow, seed):
     assert s_far[r, i] <= base[r, i] + 1e-6
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.integers(1, 6), st.floats(1e-3, 1.0), st.floats(0.0, 4.0), SEEDS)
 def test_sr_does_not_depend_on_gamma_when_g1_is_zero_ac5(n, gamma, g2, seed):
     rng = np.random.default_rng(seed)
@@ -440,7 +441,7 @@ def kb_instance(draw_n, draw_k, draw_b):
     return draw_n, k, min(draw_b, k)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.integers(1, 8), st.integers(1, 8), st.integers(1, 8), st.booleans(), SEEDS)
 def test_greedy_structure_and_value_ac9_ac10(n, k, b, exact, seed):
     n, k, b = kb_instance(n, k, b)
@@ -461,7 +462,7 @@ def test_greedy_structure_and_value_ac9_ac10(n, k, b, exact, seed):
         assert sorted(np_greedy(s, k, b)) == ids.tolist()
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(st.integers(2, 8), st.integers(1, 8), st.integers(1, 8), SEEDS)
 def test_greedy_against_brute_force_ac11(n, k, b, seed):
     n, k, b = kb_instance(n, k, b)
@@ -545,7 +546,7 @@ def test_budget_candidates_closed_form_example_ac12():
 F32 = {"width": 32, "allow_subnormal": False}
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     st.integers(1, 5),
     st.floats(-1.0, 12.0, **F32),
@@ -598,7 +599,7 @@ def test_upload_to_cache_ac13():
 # ------------------------------------------------------------------------ labeling (AC14, AC15)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     st.integers(1, 5), st.integers(1, 4), st.sampled_from([1, 3]), st.sampled_from([2, 5]), SEEDS
 )
@@ -862,7 +863,7 @@ def test_dofed_compute_time_matches_formula():
     assert got == pytest.approx(max(per), rel=1e-5)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     st.integers(1, 10),
     st.integers(1, 10),

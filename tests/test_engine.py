@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from fedjax_semi.data.federated import RoleTable
 from fedjax_semi.engine import aggregate, clients, keys, train
 
@@ -45,7 +46,7 @@ def test_losses_match_numpy():
     assert float(train.masked_mean(jnp.ones(3), jnp.zeros(3, bool))) == 0.0
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(st.integers(1, 6), st.integers(1, 5), st.integers(0, 2**31 - 1))
 def test_weighted_mean_and_server_update(s, d, seed):
     rng = np.random.default_rng(seed)
@@ -99,7 +100,7 @@ def test_share_masks():
     assert aggregate.all_shared(aggregate.share_mask(variables, "all"))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.integers(0, 40), st.integers(1, 8), st.integers(1, 3), st.integers(0, 1000))
 def test_epoch_batches_visit_each_example_once_per_epoch(count, batch, epochs, seed):
     n_max = 40

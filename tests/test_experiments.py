@@ -2,31 +2,40 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
-from conftest import compose_config
+from conftest import compose_config, compose_hydra
 from fedjax_semi.cli import CONF_DIR
 from fedjax_semi.config import validate
 from fedjax_semi.results.report import _paper_value
+from fedjax_semi.store import as_config
 
 PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_composes_and_validates(name):
-    cfg = compose_config(f"+experiment={name}", small=False)
-    validate(cfg)
+    node = compose_hydra(f"+experiment={name}", small=False)
+    validate(as_config(node))
     raw = yaml.safe_load(Path(CONF_DIR / "experiment" / f"{name}.yaml").read_text())
     for key, values in (raw.get("hydra", {}).get("sweeper", {}).get("params", {}) or {}).items():
         # Optuna's search spaces, e.g. tag(log, interval(0.005, 0.2)): their bounds.
         inner = re.findall(r"\(([^()]*)\)", str(values))
         for v in (inner[-1] if inner else str(values)).split(","):
-            # every swept value composes and validates too
-            validate(compose_config(f"+experiment={name}", f"{key}={v.strip()}", small=False))
+            # every swept value validates too: a config group is composed again, a value is set
+            # on the composed node (what Hydra's override does, without recomposing)
+            if "." not in key:
+                validate(compose_config(f"+experiment={name}", f"{key}={v.strip()}", small=False))
+                continue
+            swept = copy.deepcopy(node)
+            OmegaConf.update(swept, key, yaml.safe_load(v.strip()), merge=False)
+            validate(as_config(swept))
 
 
 def test_table1_carries_every_paper_number():

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from fedjax_semi.data.partitions import (
     POOLED_FRACTIONS,
     Partition,
@@ -105,7 +106,7 @@ def test_iid_partition(n, k, seed):
     assert max(sizes) - min(sizes) <= 1
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     num_classes=st.integers(2, 10),
     per_class=st.integers(10, 60),
@@ -155,7 +156,7 @@ def test_dirichlet_small_alpha_is_skewed():
     assert shares.max(axis=1).mean() > 0.5
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     num_classes=st.integers(2, 10),
     cpc=st.integers(1, 4),
@@ -229,7 +230,7 @@ def test_labeled_split_dirichlet_is_u_shaped():
 # ----------------------------------------------------------------------------- build
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     scheme=st.sampled_from(["iid", "dirichlet", "shards"]),
     split=st.sampled_from(["official", "pooled"]),
@@ -515,7 +516,7 @@ def test_presets_compose_and_build(name):
 # --- DoFed-SPP
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(
     num_clients=st.integers(1, 15),
     n_clusters=st.integers(2, 5),
@@ -576,7 +577,7 @@ def test_subset_default_sizes_on_fashion_mnist(fmnist):
     assert np.bincount(p.assignments["train_cluster"], minlength=5).tolist() == [5] * 5
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(
     num_clients=st.integers(1, 12),
     reject=st.sampled_from(["identical", "subset"]),
@@ -647,7 +648,7 @@ def test_normal_target_has_priority_and_train_is_capped():
 # --- CoFED
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(
     num_clients=st.integers(2, 12),
     variant=st.sampled_from(["iid", "noniid"]),
@@ -726,7 +727,7 @@ def test_cofed_capacity_error():
 # --- CFSL
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(
     num_clients=st.integers(3, 40),
     num_edges=st.integers(1, 3),
@@ -829,7 +830,7 @@ def test_apply_client_transforms():
 # --- Ada-FedSemi
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(
     num_clients=st.integers(10, 30),  # >= Q: a class can fill its dominant clients' shares
     variant=st.sampled_from(["iid", "noniid"]),

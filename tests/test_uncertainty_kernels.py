@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from fedjax_semi.kernels import selection, uncertainty
 from fedjax_semi.models.zoo import make_model
 
@@ -37,7 +38,7 @@ def np_softmax(z):
     return e / e.sum(-1, keepdims=True)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.integers(1, 6), st.integers(1, 5), st.integers(2, 7), st.integers(0, 10**6))
 def test_predictive_entropy_matches_numpy_and_bounds(t, n, nc, seed):
     logits = np.random.default_rng(seed).normal(scale=3, size=(t, n, nc)).astype(np.float32)
@@ -98,7 +99,7 @@ def np_corr(ent_u, mask_u, p_s, y_s, mask_s, mu, nc, form, reduction="mean", eps
     return (u if n_u else 0.0) + (mu * acc if n_s else 0.0), h_bar, acc
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     st.integers(0, 6),
     st.integers(0, 6),
@@ -193,7 +194,7 @@ def test_deterministic_acc_mode_uses_the_network_without_dropout():
         )  # fmt: skip
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.integers(1, 4), st.integers(1, 5), st.integers(0, 10**6))
 def test_aggregation_ac6(s, m, seed):
     rng = np.random.default_rng(seed)
@@ -222,7 +223,7 @@ def test_degenerate_weights_are_uniform():
     np.testing.assert_allclose(w, [[0.5, 0.5, 0.0]])
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 6), st.integers(0, 10**6))
 def test_pseudo_labels_ac7(s, m, nu, seed):
     rng = np.random.default_rng(seed)
@@ -249,7 +250,7 @@ def test_pseudo_labels_ac7(s, m, nu, seed):
     np.testing.assert_array_equal(hard_conf, confidence)  # of the soft label, before one-hot
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.integers(1, 4), st.integers(0, 10**6))
 def test_merge_best_equals_greedy_swap_ac10(r, seed):
     rng = np.random.default_rng(seed)

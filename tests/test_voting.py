@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from fedjax_semi.errors import ConfigError
 from fedjax_semi.kernels import voting as vt
 
@@ -161,7 +162,7 @@ SHAPES = [(3, 4, 6), (7, 6, 10), (12, 9, 16)]  # (C, K, M): few shapes, few comp
 ALPHAS = st.sampled_from([0.0, 0.3, 0.5, 1.0, 0.25, 1 / 3, 2 / 3]) | st.floats(0.0, 1.0)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     shape=st.sampled_from(SHAPES),
     seed=st.integers(0, 2**31 - 1),
