@@ -10,13 +10,15 @@ LOCK   := requirements.lock
 .PHONY: run test test-slow bench bench-revisions bench-throughput bench-peers lint lock data setup clean
 
 # uv installs the lock in about a quarter of pip's time; pip installs it where uv cannot (no
-# uv wheel for the platform, an index uv cannot reach). Both install exactly the lock.
+# uv wheel for the platform, an index uv cannot reach). Both install exactly the lock. Bytecode
+# is compiled at install, as pip does: with PYTHONDONTWRITEBYTECODE set (as on CI) every process,
+# the CLI subprocesses of the tests included, would otherwise compile jax, flax and tfds again.
 UV_VERSION := $(shell sed -n 's/^uv==\([^ ;]*\).*/\1/p' $(LOCK))
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	( $(PY) -m pip install -q uv==$(UV_VERSION) && \
-	  $(VENV)/bin/uv pip install -q --python $(PY) -r $(LOCK) ) || \
+	  $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -r $(LOCK) ) || \
 	  $(PY) -m pip install -q -r $(LOCK)
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
