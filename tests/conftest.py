@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -74,6 +75,18 @@ def pytest_configure(config) -> None:
 def pytest_unconfigure(config) -> None:
     for d in _OWN_CACHE:
         shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def swapped_data(runner, fed):
+    """The compiled `runner` pointed at other data of the same shapes (no recompilation), as
+    its algorithm sees it (the oracle's view for an oracle); its own data back on exit."""
+    old = runner.fed
+    runner.fed, runner.data = fed, fed.train_view(oracle=runner.alg.oracle)
+    try:
+        yield runner
+    finally:
+        runner.fed, runner.data = old, old.train_view(oracle=runner.alg.oracle)
 
 
 def examples(n: int) -> int:

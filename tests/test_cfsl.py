@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compose_config
+from conftest import compose_config, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.algorithms.cfsl import flatten_clients
 from fedjax_semi.algorithms.cfsl_config import SCENARIOS, CFSLConfig
@@ -209,14 +209,10 @@ def test_hidden_labels_never_reach_training(exp, four, name):
     idx = np.asarray(t.idx)[np.asarray(t.mask)]
     y = np.asarray(exp.fed.eval_y).copy()
     y[idx] = (y[idx] + 1) % exp.fed.num_classes
-    bad = exp.fed.with_hidden_labels(jnp.asarray(y))
-    runner.fed, runner.data = bad, bad.train_view()
-    try:
+    with swapped_data(runner, exp.fed.with_hidden_labels(jnp.asarray(y))):
         b = runner.init()
         for _ in range(4):
             b, _ = runner.round(b)
-    finally:
-        runner.fed, runner.data = exp.fed, exp.fed.train_view()
     for x, z in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(x, z)
 

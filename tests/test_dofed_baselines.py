@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compose_config
+from conftest import compose_config, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.algorithms import dofed_baselines as common
 from fedjax_semi.algorithms import fedbe as fb
@@ -305,11 +305,8 @@ def test_hidden_labels_change_nothing(runs, name):
     (FedBE's pool overlaps the clients' D_unl, and its pseudo-labels stay the same too)."""
     exp, runner, states, rows, evals = runs(name)
     bad = corrupt_hidden(exp.fed)
-    runner.fed, runner.data = bad, bad.train_view()
-    try:
+    with swapped_data(runner, bad):
         o_states, o_rows, o_evals = run(runner)
-    finally:
-        runner.fed, runner.data = exp.fed, exp.fed.train_view()
     for s, o in zip(states, o_states, strict=True):
         assert leaves_equal(s, o)
     for a, b in zip(rows, o_rows, strict=True):

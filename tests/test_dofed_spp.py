@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compose_config
+from conftest import compose_config, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.algorithms.dofed_spp import dofed_spp, low_rank
 from fedjax_semi.config import SystemsConfig
@@ -133,23 +133,15 @@ def corrupt_hidden(fed):
     return fed.with_hidden_labels(jnp.asarray(y))
 
 
-def swap_data(runner, fed):
-    """Point a compiled runner at other data of the same shapes (no recompilation)."""
-    runner.fed, runner.data = fed, fed.train_view()
-
-
 def test_hidden_labels_change_nothing_ac16(tiny_runner, tiny):
     """Corrupting y_u_true and y_te leaves every parameter, SR and selection bit-identical; only
     the reported accuracies change (so this check can fail)."""
     exp, runner = tiny_runner
     _, states, rows, evals = tiny
     bad = corrupt_hidden(exp.fed)
-    swap_data(runner, bad)
-    try:
+    with swapped_data(runner, bad):
         other_states, other_rows = run(runner)
         bad_eval = jax.device_get(runner.evaluate(other_states[-1]))
-    finally:
-        swap_data(runner, exp.fed)
     for s, o in zip(states, other_states, strict=True):
         assert leaves_equal(s, o)
     for a, b in zip(rows, other_rows, strict=True):
@@ -319,11 +311,8 @@ def test_reciprocal_models_are_independent_ac20(tiny_runner, tiny):
     fed = exp.fed
     table = fed.roles["labeled"]
     other = RoleTable(table.idx.at[0].set(table.idx[3]), table.count.at[0].set(table.count[3]))
-    swap_data(runner, dataclasses.replace(fed, roles={**fed.roles, "labeled": other}))
-    try:
+    with swapped_data(runner, dataclasses.replace(fed, roles={**fed.roles, "labeled": other})):
         changed, _ = run(runner)
-    finally:
-        swap_data(runner, fed)
     for s, c in zip(states, changed, strict=True):
         assert not client_rows_equal(s.extra["rec"], c.extra["rec"], 0)
         for n in range(1, N):

@@ -9,10 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compose_config
+from conftest import compose_config, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.algorithms import algorithm_names
-from test_dofed_spp import swap_data
 from test_isolation import OWN_RUNS, corrupt_unlabeled
 
 # Knobs that make each algorithm exercise its own path within a few rounds.
@@ -84,8 +83,8 @@ def test_chunk_and_reference_agree(name):
     # Hidden labels stay hidden: the same compiled chunk=1 programs, on data whose hidden labels
     # are corrupted, train to a bit-identical state (test_isolation.py: the other methods).
     runner = backends["chunk=1"]
-    swap_data(runner, corrupt_unlabeled(exp.fed))
-    _, corrupted = run_rounds(exp, runner, 3)
+    with swapped_data(runner, corrupt_unlabeled(exp.fed)):
+        _, corrupted = run_rounds(exp, runner, 3)
     for x, y in zip(
         jax.tree.leaves(corrupted), jax.tree.leaves(results["chunk=1"][1]), strict=True
     ):

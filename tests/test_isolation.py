@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compose_config
+from conftest import compose_config, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.engine.simulate import Runner
 
@@ -20,11 +20,6 @@ EXTRA = {
         for n in ("fixavg", "fixprox", "fixbn", "fedper", "lg_fedavg", "pfedme")
     },
 }
-
-
-def swap_data(runner: Runner, fed) -> None:
-    """Point a compiled runner at other data of the same shapes (no recompilation)."""
-    runner.fed, runner.data = fed, fed.train_view(oracle=runner.alg.oracle)
 
 
 def train_state(runner, rounds=3):
@@ -58,8 +53,8 @@ def test_training_ignores_hidden_labels(name):
     exp = experiment.build(compose_config(f"algorithm={name}", *EXTRA.get(name, [])))
     runner = Runner(exp.alg, exp.fed, chunk=4)
     a = train_state(runner)
-    swap_data(runner, corrupt_unlabeled(exp.fed))  # the same compiled programs, other labels
-    b = train_state(runner)
+    with swapped_data(runner, corrupt_unlabeled(exp.fed)):  # the same programs, other labels
+        b = train_state(runner)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(x, y)
 
@@ -69,8 +64,8 @@ def test_the_oracle_does_read_them():
     exp = experiment.build(compose_config("algorithm=fedavg_sl"))
     runner = Runner(exp.alg, exp.fed, chunk=4)
     a = train_state(runner)
-    swap_data(runner, corrupt_unlabeled(exp.fed))
-    b = train_state(runner)
+    with swapped_data(runner, corrupt_unlabeled(exp.fed)):
+        b = train_state(runner)
     diffs = [
         float(jnp.abs(x - y).max())
         for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import compose_config
+from conftest import compose_config, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.config import ConfigError
 
@@ -272,12 +272,8 @@ def test_hidden_labels_change_nothing(tiny_runner, tiny):
 
     exp, runner = tiny_runner
     _, states, _ = tiny
-    runner.fed = corrupt_unlabeled(exp.fed)
-    runner.data = runner.fed.train_view()  # same compiled round, other data
-    try:
+    with swapped_data(runner, corrupt_unlabeled(exp.fed)):  # same compiled round, other data
         corrupted, _ = rounds(runner, ROUNDS)
-    finally:
-        runner.fed, runner.data = exp.fed, exp.fed.train_view()
     for a, b in zip(jax.tree.leaves(states[-1]), jax.tree.leaves(corrupted[-1]), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

@@ -9,12 +9,13 @@ raise `ConfigError` with the key, the value and what is allowed (`errors.bad`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from fedjax_semi.engine.clients import COHORT_SAMPLERS
 from fedjax_semi.engine.train import optimizer_names
-from fedjax_semi.errors import ConfigError, bad
+from fedjax_semi.errors import ConfigError, bad, check_choice
 
 BASELINE_TRAIN_DATA = ("train_and_lab", "train")
 
@@ -257,38 +258,39 @@ class SystemsConfig:
         self._check_hwn()
 
     def _check_hwn(self) -> None:
-        # The choices are systems/hwn.py's FADINGS and BANDWIDTH_SHARES (not imported: hwn.py
-        # pulls in jax, which the configs do not need).
-        fadings, shares = ("rayleigh", "none"), ("dedicated", "share_selected")
-        if self.hwn_fading not in fadings:
-            raise bad("systems.hwn_fading", self.hwn_fading, f"one of {list(fadings)}")
-        if self.hwn_bandwidth_share not in shares:
-            raise bad(
-                "systems.hwn_bandwidth_share", self.hwn_bandwidth_share, f"one of {list(shares)}"
-            )
-        _check_range("systems.hwn_cpu_hz", self.hwn_cpu_hz)
-        _check_range("systems.hwn_dist_m", self.hwn_dist_m)
-        p = self.hwn_power_dbm  # dBm may be negative: only low <= high
-        if not (
-            isinstance(p, list | tuple)
-            and len(p) == 2
-            and all(isinstance(v, int | float) for v in p)
-            and p[0] <= p[1]
-        ):
-            raise bad("systems.hwn_power_dbm", p, "a pair [low, high] (dBm) with low <= high")
-        for key in (
-            "hwn_bandwidth_hz",
-            "hwn_noise_w",
-            "hwn_cycles_per_sample",
-            "hwn_path_loss_exp",
-            "hwn_d0_m",
-            "hwn_backhaul_bps",
-        ):
-            if not getattr(self, key) > 0:
-                raise bad(f"systems.{key}", getattr(self, key), "a number > 0")
-        for key in ("hwn_capacitance", "hwn_edge_power_w"):
-            if not getattr(self, key) >= 0:
-                raise bad(f"systems.{key}", getattr(self, key), "a number >= 0")
+        check_hwn({k[4:]: v for k, v in dataclasses.asdict(self).items() if k.startswith("hwn_")})
+
+
+HWN_FADINGS = ("rayleigh", "none")
+HWN_BANDWIDTH_SHARES = ("dedicated", "share_selected")
+
+
+def check_hwn(values: dict[str, Any]) -> None:
+    """CFSL's wireless constants by their short names (`SystemsConfig.hwn_<name>`,
+    `systems.hwn.HwnSystem.<name>`, which both call this): a bad value is one line naming
+    systems.hwn_<name>."""
+    check_choice("systems.hwn_fading", values["fading"], HWN_FADINGS)
+    check_choice("systems.hwn_bandwidth_share", values["bandwidth_share"], HWN_BANDWIDTH_SHARES)
+    _check_range("systems.hwn_cpu_hz", values["cpu_hz"])
+    _check_range("systems.hwn_dist_m", values["dist_m"])
+    p = values["power_dbm"]  # dBm may be negative: only low <= high
+    if not (
+        isinstance(p, list | tuple)
+        and len(p) == 2
+        and all(isinstance(v, int | float) for v in p)
+        and p[0] <= p[1]
+    ):
+        raise bad("systems.hwn_power_dbm", p, "a pair [low, high] (dBm) with low <= high")
+    number = lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+    for name in ("bandwidth_hz", "noise_w", "cycles_per_sample", "path_loss_exp", "d0_m",
+                 "backhaul_bps"):  # fmt: skip
+        if not (number(values[name]) and values[name] > 0):
+            raise bad(f"systems.hwn_{name}", values[name], "a number > 0")
+    for name in ("capacitance", "edge_power_w"):
+        if not (number(values[name]) and values[name] >= 0):
+            raise bad(f"systems.hwn_{name}", values[name], "a number >= 0")
+    if not number(values["g0_db"]):
+        raise bad("systems.hwn_g0_db", values["g0_db"], "a number (dB)")
 
 
 WIRELESS_MODES = ("empirical", "shannon")

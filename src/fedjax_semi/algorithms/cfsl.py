@@ -456,9 +456,9 @@ class CFSL(Method):
             self.eval_batch,
         )  # fmt: skip
         unl = fed.roles["unlabeled"]
-        ok = ex["accepted"] & unl.mask
-        right = jnp.sum(ok & (ex["pseudo_y"] == fed.eval_y[unl.idx]))
-        n_ok = jnp.sum(ok)
+        acc_l, _, n_ok = labeling.labeling_accuracy(
+            ex["pseudo_y"], ex["accepted"] & unl.mask, fed.eval_y[unl.idx]
+        )
         return {
             "accuracy": mean,
             "personal_acc": mean,
@@ -467,7 +467,7 @@ class CFSL(Method):
             "max_acc": jnp.max(jnp.where(has, acc, -jnp.inf)),
             "global_acc": g["accuracy"],
             "global_loss": g["loss"],
-            "labeling_acc": jnp.where(n_ok > 0, right / jnp.maximum(n_ok, 1), jnp.nan),
+            "labeling_acc": jnp.where(n_ok > 0, acc_l, jnp.nan),  # none accepted: no value
             "coverage": n_ok / jnp.maximum(jnp.sum(unl.count), 1),
         }
 

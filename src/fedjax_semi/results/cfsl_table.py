@@ -63,10 +63,8 @@ def run_stats(run: Path, last: int) -> dict:
         vals = [r[k] for r in evals[-last:] if r.get(k) is not None]
         out[k] = float(np.nanmean(vals)) if vals else float("nan")
     out["avg_energy"] = float(np.mean([r["round_energy"] for r in rows]))
-    out["worker_energy"] = float(np.mean([r["worker_energy"] for r in rows]))
     out["acc_curve"] = [(r["round"], r["accuracy"]) for r in evals]
     out["energy_curve"] = [(r["round"], r["avg_energy"]) for r in rows]
-    out["rounds"] = rows[-1]["round"]
     return out
 
 

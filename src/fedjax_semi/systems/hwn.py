@@ -21,33 +21,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedjax_semi.errors import bad
+from fedjax_semi.config import check_hwn
+from fedjax_semi.systems.wireless import dbm_to_watt
 
-FADINGS = ("rayleigh", "none")
-BANDWIDTH_SHARES = ("dedicated", "share_selected")
 _LN2 = 0.6931471805599453
-
-
-def dbm_to_watt(x: Any) -> jax.Array:
-    """10^((x - 30) / 10) W: 20 dBm -> 0.1 W, -10 dBm -> 1e-4 W."""
-    return 10.0 ** ((jnp.asarray(x, jnp.float32) - 30.0) / 10.0)
 
 
 def db_to_linear(x: Any) -> jax.Array:
     """10^(x / 10): -35 dB -> 3.1623e-4."""
     return 10.0 ** (jnp.asarray(x, jnp.float32) / 10.0)
-
-
-def _pair(key: str, value: Any, positive: bool) -> tuple[float, float]:
-    """A [low, high] pair with low <= high (and 0 < low when `positive`), as a tuple."""
-    try:
-        lo, hi = (float(v) for v in value)
-    except (TypeError, ValueError):
-        lo, hi = float("nan"), float("nan")
-    if not lo <= hi or (positive and not lo > 0):
-        need = "0 < low <= high" if positive else "low <= high"
-        raise bad(key, value, f"a pair [low, high] with {need}")
-    return lo, hi
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,35 +56,11 @@ class HwnSystem:
     bandwidth_share: str = "dedicated"
 
     def __post_init__(self) -> None:
+        check_hwn(dataclasses.asdict(self))  # the checks of SystemsConfig.hwn_*, one place
         # Stored as tuples of floats so the instance stays hashable (a static jit argument).
-        for name, positive in (("power_dbm", False), ("cpu_hz", True), ("dist_m", True)):
-            pair = _pair(f"systems.hwn_{name}", getattr(self, name), positive)
+        for name in ("power_dbm", "cpu_hz", "dist_m"):
+            pair = tuple(float(v) for v in dataclasses.asdict(self)[name])
             object.__setattr__(self, name, pair)
-        for name in (
-            "bandwidth_hz",
-            "noise_w",
-            "cycles_per_sample",
-            "d0_m",
-            "backhaul_bps",
-            "path_loss_exp",
-        ):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and value > 0):
-                raise bad(f"systems.hwn_{name}", value, "a number > 0")
-        for name in ("capacitance", "edge_power_w"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and value >= 0):
-                raise bad(f"systems.hwn_{name}", value, "a number >= 0")
-        if not isinstance(self.g0_db, int | float):
-            raise bad("systems.hwn_g0_db", self.g0_db, "a number (dB)")
-        if self.fading not in FADINGS:
-            raise bad("systems.hwn_fading", self.fading, f"one of {list(FADINGS)}")
-        if self.bandwidth_share not in BANDWIDTH_SHARES:
-            raise bad(
-                "systems.hwn_bandwidth_share",
-                self.bandwidth_share,
-                f"one of {list(BANDWIDTH_SHARES)}",
-            )
 
     @classmethod
     def from_config(cls, cfg: Any) -> HwnSystem:
