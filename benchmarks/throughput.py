@@ -9,6 +9,7 @@ hyper-parameters.
     python benchmarks/throughput.py --scan population [--workloads W3]   # 100 ... 100,000 clients
     python benchmarks/throughput.py --accuracy 50 --seeds 3 [--workloads W1,W3]  # agreement
     python benchmarks/throughput.py --replicas 4 [--workloads W3] [--chunks 1,all]  # seeds
+    python benchmarks/throughput.py --full-run 30 --convs auto,im2col --torch --torch-threads 1,2
 
 Per mapping: rounds/s, client-steps/s, samples/s (the samples the clients train on), peak
 memory (device peak where the backend reports it, else the process's peak RSS, which only grows
@@ -29,7 +30,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import resource
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,11 +66,16 @@ def matmul_flops_per_s(n: int | None = None, repeats: int = 5) -> float:
 
 
 def sgd_step_flops(exp, w: Workload) -> float | None:
-    """FLOPs of one SGD step of the workload's model on one batch (XLA's cost analysis)."""
+    """FLOPs of one SGD step of the workload's model on one batch (XLA's cost analysis), counted
+    on XLA's own convolution and its autodiff gradient whatever `model.conv` says, so the count
+    is the model's and not a lowering's (im2col's concatenations add ~16% on W0)."""
     if w.extra:
         return None
-    model = exp.model
-    variables = model.init(jax.random.PRNGKey(0))
+    model = exp.model.with_conv("xla")
+    # Counted by XLA:CPU on every backend: XLA:GPU leaves the convolutions it hands to cuDNN out
+    # of its count (W0's step: 325 MFLOP on an H200 against 2,015 on the CPU).
+    cpu = jax.devices("cpu")[0]
+    variables = jax.device_put(model.init(jax.random.PRNGKey(0)), cpu)
     x = jnp.zeros((w.batch, *w.input_shape), jnp.uint8)
     y = jnp.zeros((w.batch,), jnp.int32)
     tx = optax.sgd(w.lr)
@@ -80,7 +90,7 @@ def sgd_step_flops(exp, w: Workload) -> float | None:
         return optax.apply_updates(params, upd), opt
 
     params = variables["params"]
-    args = (params, tx.init(params), x, y, jax.random.PRNGKey(1))
+    args = jax.device_put((params, tx.init(params), x, y, jax.random.PRNGKey(1)), cpu)
     cost = jax.jit(step).lower(*args).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     return float(cost.get("flops", 0.0)) or None
@@ -130,7 +140,8 @@ def run_workload(w: Workload, args, peak: float, env: dict, **scale) -> list[dic
     clients = scale.get("clients", args.clients or w.clients)
     cohort = min(scale.get("cohort", w.cohort), clients)  # a scaled-down population caps it
     ds = synthetic_dataset(w, clients=clients)
-    exp = experiment.build(compose(*w.overrides(clients=clients, cohort=cohort)), dataset=ds)
+    overrides = w.overrides(clients=clients, cohort=cohort)
+    exp = experiment.build(compose(*overrides), dataset=ds)
     flops = sgd_step_flops(exp, w)
     base = {
         "bench": "throughput",
@@ -145,23 +156,32 @@ def run_workload(w: Workload, args, peak: float, env: dict, **scale) -> list[dic
         "sgd_step_flops": flops,
     }
     records = []
-    for chunk in (c for c in args.chunks.split(",") if c):  # --chunks "": the PyTorch loop only
-        runner = runner_for(exp, chunk)
-        first, times, _ = time_rounds(runner, runner.init(), args.repeats)
-        t = float(np.median(times))
-        rec = {
-            **base,
-            "engine": "fedjax-semi",
-            "backend": runner.backend,
-            "chunk": chunk if chunk != "auto" else f"auto->{runner.chunk}",
-            "first_round_s": first,
-            "round_s_all": times,
-            **rates(w, cohort, t, flops, peak),
-            **peak_memory(),
-        }
-        emit({**rec, **env}, Path(args.out))
-        records.append(rec)
-    if args.torch and not w.extra:
+    # --convs: the convolution lowerings to compare (model.conv), each at every chunk; a model
+    # without convolutions (W3) runs once.
+    convs = (
+        [c for c in args.convs.split(",") if c] if hasattr(exp.model.module, "conv_impl") else [""]
+    )
+    for conv in convs:
+        if conv:
+            exp = experiment.build(compose(*overrides, f"model.conv={conv}"), dataset=ds)
+        for chunk in (c for c in args.chunks.split(",") if c):  # --chunks "": PyTorch only
+            runner = runner_for(exp, chunk)
+            first, times, _ = time_rounds(runner, runner.init(), args.repeats)
+            t = float(np.median(times))
+            rec = {
+                **base,
+                "engine": "fedjax-semi",
+                "backend": runner.backend,
+                "chunk": chunk if chunk != "auto" else f"auto->{runner.chunk}",
+                "conv": conv or "-",
+                "first_round_s": first,
+                "round_s_all": times,
+                **rates(w, cohort, t, flops, peak),
+                **peak_memory(),
+            }
+            emit({**rec, **env}, Path(args.out))
+            records.append(rec)
+    for threads in torch_threads(args) if args.torch and not w.extra else ():
         import torch_loop
 
         why = torch_loop.available()
@@ -175,12 +195,16 @@ def run_workload(w: Workload, args, peak: float, env: dict, **scale) -> list[dic
                 rounds=args.repeats + 1,
                 seed=0,
                 device="cuda" if jax.default_backend() == "gpu" else "cpu",
-                threads=args.torch_threads,
+                threads=threads,
             )
             t = float(np.median(res["round_s"]))
+            import torch
+
             rec = {
                 **base,
-                "torch_threads": args.torch_threads,
+                "torch": torch.__version__,
+                "torch_threads": threads,
+                "eval_s": res["eval_s"],
                 "engine": "pytorch_loop",
                 "backend": "torch",
                 "chunk": "-",
@@ -192,6 +216,11 @@ def run_workload(w: Workload, args, peak: float, env: dict, **scale) -> list[dic
             emit({**rec, **env}, Path(args.out))
             records.append(rec)
     return records
+
+
+def torch_threads(args) -> list[int]:
+    """--torch-threads as a list (e.g. "1,2": the loop once per thread count)."""
+    return [int(t) for t in str(args.torch_threads).split(",") if t]
 
 
 def accuracy_agreement(w: Workload, args, env: dict) -> dict:
@@ -219,7 +248,7 @@ def accuracy_agreement(w: Workload, args, env: dict) -> dict:
             exp,
             rounds=args.accuracy,
             seed=seed,
-            threads=args.torch_threads,
+            threads=torch_threads(args)[0],
             init=args.torch_init,
         )
         out["pytorch_loop"].append(float(res["accuracy"]))
@@ -294,6 +323,122 @@ def replicas_vs_sequential(w: Workload, args, env: dict) -> list[dict]:
     return records
 
 
+def engine_label(r: dict) -> str:
+    """The engine column: the conv lowering of an engine row, the threads of a PyTorch row."""
+    if r["engine"] == "pytorch_loop":
+        return f"pytorch_loop ({r['torch_threads']} thr)"
+    return r["engine"] if r.get("conv", "-") == "-" else f"{r['engine']} (conv={r['conv']})"
+
+
+# Runs a command and prints, last, a JSON line with its wall time and peak RSS (the only child).
+_WRAPPER = """
+import json, resource, subprocess, sys, time
+t0 = time.perf_counter()
+rc = subprocess.run(sys.argv[1:]).returncode
+rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+print(json.dumps({"rc": rc, "total_s": time.perf_counter() - t0, "peak_rss_bytes": rss}))
+"""
+
+
+def _timed_process(cmd: list[str]) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", _WRAPPER, *cmd], capture_output=True, text=True, check=True
+    )
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    if res["rc"] != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed (exit {res['rc']}):\n{out.stderr[-3000:]}")
+    return res
+
+
+def full_run(args, env: dict) -> list[dict]:
+    """--full-run R: the default job as a user runs it (`fedjax-semi +experiment=fmnist_supervised
+    rounds=R eval_every=5 progress=false`, real Fashion-MNIST, every default: checkpoints every 5
+    rounds, JSON-lines and TensorBoard writers, the summary and plot), one process per --convs
+    value, and beside it the PyTorch loop's whole process on the same setting (torch_loop.py
+    --workload W0 --data fashion_mnist --eval-every 5), each timed as a whole with its peak RSS.
+    The engine's phases come from its summary.json `timings` and per-round `wall_time`."""
+    cli = Path(sys.executable).parent / "fedjax-semi"
+    records = []
+    for conv in (c for c in args.convs.split(",") if c):
+        with tempfile.TemporaryDirectory() as out:
+            cmd = [
+                str(cli), "+experiment=fmnist_supervised", f"rounds={args.full_run}",
+                "eval_every=5", "progress=false", f"model.conv={conv}", f"out_dir={out}",
+            ]  # fmt: skip
+            res = _timed_process(cmd)
+            summary = json.loads((Path(out) / "summary.json").read_text())
+            rows = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+        t = summary["timings"]
+        plain = [r["wall_time"] for r in rows if r["round"] > 1 and "accuracy" not in r]
+        evals = t["eval_s"]
+        round_s = float(np.median(plain))
+        rec = {
+            "bench": "full_run",
+            "workload": "W0",
+            "engine": "fedjax-semi",
+            "command": " ".join(cmd[1:-1]),
+            "conv": conv,
+            "rounds": args.full_run,
+            **res,
+            "startup_s": t["startup_s"],
+            "first_round_s": t["first_round_s"],
+            "round_s": round_s,
+            "eval_s_all": evals,
+            "eval_s": float(np.median(evals[1:] or evals)),
+            "eval_share_at_5": float(np.median(evals[1:] or evals)) / (5 * round_s),
+            "accuracy": summary["final"].get("accuracy"),
+        }
+        emit({**rec, **env}, Path(args.out))
+        records.append(rec)
+    for threads in torch_threads(args) if args.torch else ():
+        cmd = [
+            sys.executable, str(Path(__file__).parent / "torch_loop.py"), "--workload", "W0",
+            "--data", "fashion_mnist", "--rounds", str(args.full_run), "--eval-every", "5",
+            "--threads", str(threads),
+        ]  # fmt: skip
+        with tempfile.TemporaryDirectory() as out:
+            res = _timed_process([*cmd, "--out", f"{out}/t.jsonl"])
+            line = json.loads(Path(f"{out}/t.jsonl").read_text().splitlines()[-1])
+        rec = {
+            "bench": "full_run",
+            "workload": "W0",
+            "engine": "pytorch_loop",
+            "command": " ".join(cmd[1:]),
+            "torch_threads": threads,
+            "rounds": args.full_run,
+            **res,
+            "first_round_s": line["first_round_s"],
+            "round_s": line["round_s_median"],
+            "eval_s_all": line["eval_s_all"],
+            "eval_s": float(np.median(line["eval_s_all"])),
+            "accuracy": line["accuracy"],
+        }
+        emit({**rec, **env}, Path(args.out))
+        records.append(rec)
+    return records
+
+
+def full_run_markdown(records: list[dict]) -> str:
+    lines = [
+        "| process | total (s) | start-up (s) | first round (s) | round (s) | eval (s) "
+        "| peak RSS (GB) | accuracy |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        who = (
+            f"fedjax-semi (model.conv={r['conv']})"
+            if r["engine"] == "fedjax-semi"
+            else f"PyTorch loop ({r['torch_threads']} threads)"
+        )
+        start = r.get("startup_s")
+        lines.append(
+            f"| {who} | {r['total_s']:.1f} | {'-' if start is None else f'{start:.1f}'} "
+            f"| {r['first_round_s']:.2f} | {r['round_s']:.3f} | {r['eval_s']:.3f} "
+            f"| {r['peak_rss_bytes'] / 1e9:.2f} | {r['accuracy']:.4f} |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(records: list[dict], device: str) -> str:
     lines = [
         f"Device: {device}",
@@ -303,17 +448,18 @@ def markdown(records: list[dict], device: str) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     ref = {
-        (r["workload"], r["clients"], r["cohort"]): r["round_s"]
+        (r["workload"], r["clients"], r["cohort"], r.get("conv", "-")): r["round_s"]
         for r in records
         if r["backend"] == "reference"
     }
     for r in records:
         frac = r.get("fraction_of_matmul_peak")
         pct = "-" if frac is None else f"{100 * frac:.1f}"
-        base = ref.get((r["workload"], r["clients"], r["cohort"]))
+        base = ref.get((r["workload"], r["clients"], r["cohort"], r.get("conv", "-")))
         speedup = "-" if base is None else f"{base / r['round_s']:.2f}x"
         lines.append(
-            f"| {r['workload']} | {r['clients']} | {r['cohort']} | {r['engine']} | {r['chunk']} "
+            f"| {r['workload']} | {r['clients']} | {r['cohort']} | {engine_label(r)} "
+            f"| {r['chunk']} "
             f"| {r['round_s']:.3f} | {r['rounds_per_s']:.2f} | {r['client_steps_per_s']:,.0f} "
             f"| {r['samples_per_s']:,.0f} | {pct} "
             f"| {r['peak_bytes'] / 2**30:.2f} ({r['peak_kind']}) | {speedup} |"
@@ -323,14 +469,17 @@ def markdown(records: list[dict], device: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workloads", default="W1,W2,W3,W4")
+    ap.add_argument("--workloads", default="W0,W1,W2,W3,W4")
     ap.add_argument("--clients", type=int, default=0, help="population (default: the workload's)")
     ap.add_argument("--chunks", default="1,8,all,reference")
+    # auto: im2col under a vmap over clients, XLA's conv with canonical gradients otherwise
+    ap.add_argument("--convs", default="auto", help="model.conv values, e.g. auto,im2col")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--torch", action="store_true", help="also the PyTorch per-client loop")
     # One intra-op thread by default: on a small shared CPU torch's OpenMP threads spin against
     # XLA's and other jobs (a W3 round took 3.75 s with 2 threads, 0.023 s with 1, under load).
-    ap.add_argument("--torch-threads", type=int, default=1)
+    # "1,2" runs the loop once per thread count (W0 compares against both).
+    ap.add_argument("--torch-threads", default="1")
     ap.add_argument("--scan", choices=("cohort", "population"), default=None)
     ap.add_argument("--markdown", default="")
     ap.add_argument("--accuracy", type=int, default=0, help="rounds of the accuracy check")
@@ -340,8 +489,12 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "throughput.jsonl"))
     ap.add_argument("--replicas", type=int, default=0, help="seeds as one program vs in turn")
     ap.add_argument("--replica-chunks", default="1,all", help="replicas mapped per chunk")
+    ap.add_argument("--full-run", type=int, default=0, help="R: time whole W0 runs of R rounds")
     args = ap.parse_args()
     env = environment()
+    if args.full_run:
+        print(full_run_markdown(full_run(args, env)))
+        return
     if args.replicas:
         for name in args.workloads.split(","):
             for r in replicas_vs_sequential(WORKLOADS[name], args, env):

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import torch
 
 # The parameter counts of our JAX models (and of the papers' models) for the same workloads.
-PARAMS = {"W1": 1_626_442, "W2": 6_603_710, "W3": 199_210}
+PARAMS = {"W0": 1_663_370, "W1": 1_626_442, "W2": 6_603_710, "W3": 199_210}
 
 
 def available() -> str | None:
@@ -64,8 +64,10 @@ def torch_model(w: Workload) -> torch.nn.Module:
             if isinstance(m, nn.Conv2d | nn.Linear):
                 nn.init.xavier_uniform_(m.weight)
         return model
-    if w.name == "W2":
-        # LEAF / FLUTE FEMNIST CNN: SAME 5x5 convs, two 2x2 pools, 28 -> 7.
+    if w.name in ("W0", "W2"):
+        # The FedAvg CNN (W0: Dense 512) and LEAF / FLUTE's FEMNIST CNN (W2: Dense 2048): SAME
+        # 5x5 convs, two 2x2 pools, 28 -> 7.
+        dense = 512 if w.name == "W0" else 2048
         return nn.Sequential(
             nn.Conv2d(w.input_shape[-1], 32, 5, padding=2),
             nn.ReLU(),
@@ -74,9 +76,9 @@ def torch_model(w: Workload) -> torch.nn.Module:
             nn.ReLU(),
             nn.MaxPool2d(2),
             nn.Flatten(),
-            nn.Linear(7 * 7 * 64, 2048),
+            nn.Linear(7 * 7 * 64, dense),
             nn.ReLU(),
-            nn.Linear(2048, w.num_classes),
+            nn.Linear(dense, w.num_classes),
         )
     if w.name == "W3":
         h, wd, c = w.input_shape
@@ -88,7 +90,7 @@ def torch_model(w: Workload) -> torch.nn.Module:
             nn.ReLU(),
             nn.Linear(200, w.num_classes),
         )
-    raise ValueError(f"{w.name}: the PyTorch loop covers W1, W2 and W3 only")
+    raise ValueError(f"{w.name}: the PyTorch loop covers W0-W3 only")
 
 
 def local_epochs(
@@ -184,14 +186,17 @@ def torch_fedavg(
     device: str = "cpu",
     threads: int | None = None,
     init: str = "native",
+    eval_every: int = 0,
 ) -> dict:
     """`rounds` rounds of FedAvg over `client_idx` (one index array into x_train per client).
     init="engine" draws the weights as the engine's flax models do (`engine_init`), for the
     accuracy agreement; "native" keeps torch's (and, on W1, pfl's Glorot) initialisation.
 
+    eval_every > 0 also evaluates the global model every eval_every rounds, as a run does.
+
     Returns {"first_round_s", "round_s" (rounds after the first), "accuracy" (final global model
-    on the test set), "train_loss_last_round" (mean over the examples of the last round),
-    "params", "cohort"}."""
+    on the test set), "eval_s" (that test evaluation's seconds), "eval_s_all" (every one),
+    "train_loss_last_round" (mean over the examples of the last round), "params", "cohort"}."""
     import torch
 
     if threads:
@@ -215,9 +220,29 @@ def torch_fedavg(
     opt = torch.optim.SGD(params, lr=w.lr, momentum=0.0, weight_decay=0.0)
     cohort = min(w.cohort, len(client_idx))
 
+    last_correct = [0]
+
+    def evaluate() -> float:
+        """Test accuracy of the global model (into last_correct); returns its seconds."""
+        _sync(dev)
+        t_eval = time.perf_counter()
+        with torch.no_grad():
+            for p, g in zip(params, global_params, strict=True):
+                p.copy_(g)
+        model.eval()
+        correct = 0
+        with torch.no_grad():
+            for i in range(0, len(x_test), 1000):
+                xb = preprocess(x_test[i : i + 1000], mean, std, dev)
+                yb = torch.from_numpy(np.array(y_test[i : i + 1000], dtype=np.int64)).to(dev)
+                correct += int((model(xb).argmax(-1) == yb).sum().item())
+        last_correct[0] = correct
+        return time.perf_counter() - t_eval
+
     times: list[float] = []
+    eval_times: list[float] = []
     last_loss = float("nan")
-    for _ in range(rounds):
+    for rnd in range(1, rounds + 1):
         _sync(dev)
         t0 = time.perf_counter()
         sampled = rng.choice(len(client_idx), size=cohort, replace=False)
@@ -242,22 +267,17 @@ def torch_fedavg(
         last_loss = loss_sum.item() / (total * w.local_epochs)
         _sync(dev)
         times.append(time.perf_counter() - t0)
+        if eval_every and rnd % eval_every == 0 and rnd < rounds:
+            eval_times.append(evaluate())
 
-    # Test accuracy of the final global model.
-    with torch.no_grad():
-        for p, g in zip(params, global_params, strict=True):
-            p.copy_(g)
-    model.eval()
-    correct = 0
-    with torch.no_grad():
-        for i in range(0, len(x_test), 1000):
-            xb = preprocess(x_test[i : i + 1000], mean, std, dev)
-            yb = torch.from_numpy(np.array(y_test[i : i + 1000], dtype=np.int64)).to(dev)
-            correct += int((model(xb).argmax(-1) == yb).sum().item())
+    eval_times.append(evaluate())  # the final global model (timed: what a run repeats)
+    correct = last_correct[0]
     return {
         "first_round_s": times[0] if times else None,
         "round_s": times[1:],
         "accuracy": correct / max(len(x_test), 1),
+        "eval_s": eval_times[-1],
+        "eval_s_all": eval_times,
         "train_loss_last_round": last_loss,
         "params": n_params,
         "cohort": cohort,
@@ -272,13 +292,14 @@ def iid_split(n_clients: int, per_client: int, seed: int = 0) -> list[np.ndarray
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", default="W3", choices=["W1", "W2", "W3"])
+    ap.add_argument("--workload", default="W3", choices=["W0", "W1", "W2", "W3"])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--clients", type=int, default=None, help="default: the workload's")
     ap.add_argument("--data", default="synthetic", choices=["synthetic", "fashion_mnist"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-every", type=int, default=0, help="evaluate every k rounds too")
     ap.add_argument("--out", default=None, help="also append the JSON line to this file")
     args = ap.parse_args()
 
@@ -306,6 +327,7 @@ def main() -> None:
         seed=args.seed,
         device=args.device,
         threads=args.threads,
+        eval_every=args.eval_every,
     )
     # Steady state: the median of the rounds after the first (the first when there is only one).
     steady = statistics.median(res["round_s"]) if res["round_s"] else res["first_round_s"]
@@ -332,6 +354,7 @@ def main() -> None:
         "client_steps_per_s": cohort * w.steps_per_client / steady,
         "samples_per_s": cohort * w.local_epochs * w.per_client / steady,
         "accuracy": res["accuracy"],
+        "eval_s_all": res["eval_s_all"],
         "train_loss_last_round": res["train_loss_last_round"],
         "torch": torch.__version__,
         "torch_device": args.device,

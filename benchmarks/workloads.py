@@ -1,5 +1,8 @@
 """The standard throughput workloads (issue "Throughput", `../shared/specs/anchors.md` A1, A5, A6).
 
+    W0  The default job's setting (`+experiment=fmnist_supervised`): the FedAvg CNN (5x5 conv
+        32 / 64, Dense 512, 1.66 M params) on Fashion-MNIST shapes, 100 clients x 600, 10 per round,
+        1 epoch, batch 32, lr 0.05: what a new user runs first.
     W1  pfl-research's CIFAR-10 benchmark: 1000 clients x 50 images, 50 per round, 1 local epoch,
         batch 10, lr 0.1, server lr 1.0, `simple_cnn`, FedAvg.
     W2  FLUTE's FEMNIST CNN (LEAF's: 5x5 conv 32 / 64, Dense 2048, 62 classes, 6.6 M params):
@@ -70,6 +73,20 @@ class Workload:
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
+        Workload(
+            "W0",
+            "the default job: FedAvg CNN 1.66M, Fashion-MNIST shapes, 100 x 600, cohort 10",
+            (28, 28, 1),
+            10,
+            clients=100,
+            per_client=600,
+            cohort=10,
+            local_epochs=1,
+            batch=32,
+            lr=0.05,
+            server_lr=1.0,
+            model=("model=cnn",),
+        ),
         Workload(
             "W1",
             "pfl-research CIFAR-10: simple_cnn, 1000 x 50, cohort 50",

@@ -1,4 +1,5 @@
-"""Tests for fedjax_semi.models: im2col conv, pooling, dropout and the model registry."""
+"""Tests for fedjax_semi.models: the conv lowerings (im2col, lax, auto), pooling, dropout and
+the model registry."""
 
 from __future__ import annotations
 
@@ -46,15 +47,91 @@ def test_conv_matches_flax_conv(padding: str, k: int) -> None:
     # Non-zero bias so the bias path is exercised too.
     variables = jax.tree_util.tree_map(lambda a: a + 0.1, variables)
     want = ref.apply(variables, x)
-    got = ours.apply(variables, x)
-    got_xla = Conv(4, (k, k), padding=padding, impl="xla").apply(variables, x)
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(got_xla, want, atol=1e-5, rtol=1e-5)
+    for impl in ("auto", "im2col", "lax", "xla"):
+        got = Conv(4, (k, k), padding=padding, impl=impl).apply(variables, x)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=impl)
 
 
-def test_conv_grad_inside_scan_matches_unrolled() -> None:
+def _numpy_conv_and_grads(x, k, dy, pads):
+    """float64 NumPy reference of a stride-1 conv and its gradients, by kernel offsets:
+    y[b,h,w,f] = sum_{i,j,c} xpad[b,h+i,w+j,c] k[i,j,c,f]."""
+    x, k, dy = (np.asarray(a, np.float64) for a in (x, k, dy))
+    (plo, phi), (qlo, qhi) = pads
+    xp = np.pad(x, ((0, 0), (plo, phi), (qlo, qhi), (0, 0)))
+    kh, kw = k.shape[:2]
+    ho, wo = xp.shape[1] - kh + 1, xp.shape[2] - kw + 1
+    y = np.zeros((x.shape[0], ho, wo, k.shape[3]))
+    dk, dxp = np.zeros_like(k), np.zeros_like(xp)
+    for i in range(kh):
+        for j in range(kw):
+            window = xp[:, i : i + ho, j : j + wo, :]
+            y += np.einsum("bhwc,cf->bhwf", window, k[i, j])
+            dk[i, j] = np.einsum("bhwc,bhwf->cf", window, dy)
+            dxp[:, i : i + ho, j : j + wo, :] += np.einsum("bhwf,cf->bhwc", dy, k[i, j])
+    dx = dxp[:, plo : plo + x.shape[1], qlo : qlo + x.shape[2], :]
+    return y, dx, dk
+
+
+@pytest.mark.parametrize(
+    "k, padding", [(3, "SAME"), (4, "SAME"), (5, "SAME"), (3, "VALID"), (2, "VALID")]
+)
+def test_lax_conv_and_its_gradient_match_numpy_and_autodiff(k: int, padding: str) -> None:
+    """`lax_conv`'s custom gradient (two canonical-layout forward convolutions) against a NumPy
+    reference, and against XLA's autodiff of the same convolution (the old impl="xla")."""
+    from fedjax_semi.models.layers import _conv_pads, lax_conv
+
+    x = jax.random.normal(jax.random.key(0), (3, 9, 8, 5))
+    kernel = jax.random.normal(jax.random.key(1), (k, k, 5, 6))
+
+    def autodiff_conv(x, w):
+        dn = ("NHWC", "HWIO", "NHWC")
+        return jax.lax.conv_general_dilated(x, w, (1, 1), padding, dimension_numbers=dn)
+
+    y = lax_conv(x, kernel, padding)
+    dy = jax.random.normal(jax.random.key(2), y.shape)
+    dx, dk = jax.grad(lambda a, b: jnp.vdot(lax_conv(a, b, padding), dy), (0, 1))(x, kernel)
+    ax, ak = jax.grad(lambda a, b: jnp.vdot(autodiff_conv(a, b), dy), (0, 1))(x, kernel)
+    ny, ndx, ndk = _numpy_conv_and_grads(x, kernel, dy, _conv_pads(kernel.shape, padding))
+    # float32 sums of up to k*k*5 (forward, dx) or 3*9*8 (dk) products of O(1) terms: errors
+    # of order 1e-5 absolute, and entries can be near zero, hence atol.
+    for got, want in ((y, ny), (dx, ndx), (dk, ndk)):
+        np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
+    np.testing.assert_allclose(dx, ax, atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(dk, ak, atol=2e-5, rtol=1e-5)
+
+
+def test_auto_conv_is_im2col_under_a_client_vmap_and_lax_otherwise() -> None:
+    """impl="auto" lowers to XLA's convolution for one client (chunk=1, the reference loop) and
+    to im2col matmuls when clients are vmapped (a batched kernel would be a grouped conv)."""
+    from fedjax_semi.engine.clients import map_clients
+
     conv = Conv(4, (3, 3))
+    x = jax.random.normal(jax.random.key(0), (3, 2, 6, 6, 2))
+    params = jax.vmap(lambda k: conv.init(k, x[0]))(jax.random.split(jax.random.key(1), 3))
+
+    def round_fn(chunk):
+        def one(px):
+            p, xi = px
+            return jax.grad(lambda p: jnp.sum(conv.apply(p, xi) ** 2))(p)
+
+        return lambda params, x: map_clients(one, (params, x), chunk=chunk)
+
+    prims = {}
+    for chunk in (1, "all"):
+        jaxpr = str(jax.make_jaxpr(round_fn(chunk))(params, x))
+        prims[chunk] = "conv_general_dilated" in jaxpr
+        out = jax.jit(round_fn(chunk))(params, x)
+        if chunk == 1:
+            first = out
+    assert prims == {1: True, "all": False}
+    # The two lowerings agree to float32 summation order.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-5), first, out)
+
+
+@pytest.mark.parametrize("impl", ["im2col", "lax"])
+def test_conv_grad_inside_scan_matches_unrolled(impl: str) -> None:
+    conv = Conv(4, (3, 3), impl=impl)
     xs = jax.random.normal(jax.random.key(0), (3, 2, 6, 6, 2))
     params = conv.init(jax.random.key(1), xs[0])
 

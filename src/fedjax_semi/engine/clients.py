@@ -9,31 +9,16 @@ Three ways to map a per-client function over a leading client axis, which must a
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from fedjax_semi.batching import batched, clients_batched
 from fedjax_semi.engine.keys import SELECT, round_key
 
 PyTree = Any
-
-# True while tracing under a vmap over clients or replicas. A loop (chunk=1, the reference loop)
-# keeps the enclosing value, so maps inside one client's work (`map_within_client`) loop only
-# when nothing around them is batched: only then does a `lax.cond` that skips padding skip it.
-_BATCHED = contextvars.ContextVar("batched", default=False)
-
-
-@contextlib.contextmanager
-def _batched(batched: bool) -> Iterator[None]:
-    token = _BATCHED.set(_BATCHED.get() or batched)
-    try:
-        yield
-    finally:
-        _BATCHED.reset(token)
 
 
 def map_within_client(fn: Callable, *xs: PyTree) -> PyTree:
@@ -42,7 +27,7 @@ def map_within_client(fn: Callable, *xs: PyTree) -> PyTree:
     A loop when nothing around it is batched (CPU, chunk=1, the reference loop): under a vmap
     both branches of a cond run, so blocks past a client's data would be computed anyway.
     Otherwise a vmap. The two agree numerically."""
-    if _BATCHED.get():
+    if clients_batched():
         return jax.vmap(fn)(*xs)
     return jax.lax.map(lambda x: fn(*x), xs)
 
@@ -51,12 +36,12 @@ def map_clients(fn: Callable, xs: PyTree, *shared: Any, chunk: int | str = "all"
     """fn(x_i, *shared) for every i of the leading axis of xs, inside a jit."""
     n = jax.tree.leaves(xs)[0].shape[0]
     if chunk == "all" or chunk >= n:
-        with _batched(True):
+        with batched(True):
             return jax.vmap(fn, in_axes=(0,) + (None,) * len(shared))(xs, *shared)
     if chunk == 1:
         # A plain loop: no batch-of-one vmap, so every op keeps its unbatched form.
         return jax.lax.map(lambda x: fn(x, *shared), xs)
-    with _batched(True):
+    with batched(True):
         return jax.lax.map(lambda x: fn(x, *shared), xs, batch_size=int(chunk))
 
 

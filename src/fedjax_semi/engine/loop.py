@@ -14,6 +14,7 @@ others go on (`runner.keep`)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +65,10 @@ class Run:
     last_eval: list[dict] = field(default_factory=list)  # each replica's latest evaluation
     eval_keys: set[str] = field(default_factory=set)  # row keys that come from an evaluation
     t0: float = field(default_factory=time.perf_counter)  # when the first round started
+    # Host seconds a user waits for, by phase (summary.json "timings"): startup_s (process start
+    # to the first round: imports, data, compile of the warm-up), first_round_s (its compile
+    # included), eval_s (each evaluation's seconds; the first compiles).
+    timings: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.dirs)
@@ -132,6 +137,7 @@ def train_and_evaluate(
             ev = jax.device_get(runner.evaluate(run.state))
             _record(run, hooks, 0, {r: initial_row(run, ev, r) for r in range(len(run.dirs))})
         run.t0 = time.perf_counter()
+        run.timings.update(startup_s=process_age_s(), eval_s=[])
         for rnd in range(run.start + 1, run.rounds + 1):
             active = run.active
             if not any(active):
@@ -143,8 +149,13 @@ def train_and_evaluate(
                 h.check(run, rnd, m)
             run.state = new_state if all(active) else runner.keep(new_state, run.state, active)
             due = rnd % eval_every == 0 or rnd == run.rounds
+            t_eval = time.perf_counter()
             ev = jax.device_get(runner.evaluate(run.state)) if due else None
             wall = time.perf_counter() - t0
+            if due:
+                run.timings["eval_s"].append(wall - (t_eval - t0))
+            if rnd == run.start + 1:
+                run.timings["first_round_s"] = t_eval - t0
             rows = {r: round_row(run, fed, rnd, m, ev, wall, r) for r in _where(active)}
             _record(run, hooks, rnd, rows)
             for h in hooks:
@@ -159,6 +170,17 @@ def train_and_evaluate(
         for h in hooks:
             h.end(run, error)
     return run
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux /proc), None where that cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:  # field 22: start time, clock ticks after boot
+            start = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as f:
+            return float(f.read().split()[0]) - start
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _where(flags: Sequence[bool]) -> list[int]:

@@ -5,11 +5,17 @@ Every client's parameters live on a leading array axis, so models are run under
 with per-client kernels lowers to a grouped convolution that XLA:CPU runs ~6x
 slower, and its weight-gradient inside ``lax.scan`` is ~30x slower. Expressing the
 convolution as im2col + one matmul (a batched ``dot_general`` under vmap) avoids
-both, so :class:`Conv` defaults to that path.
+both. For one client at a time (no vmap: ``chunk=1``, the reference loop, the server), XLA's
+own convolution is faster still, provided its gradient is written as two forward
+convolutions in the canonical NHWC/HWIO layout (:func:`lax_conv`): XLA:CPU runs the
+convolutions that autodiff emits 15-50x slower inside a loop body (docs/benchmarks.md, W0).
+:class:`Conv`'s ``impl="auto"`` picks im2col under a vmap over clients and
+:func:`lax_conv` otherwise.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -17,11 +23,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fedjax_semi.batching import clients_batched
+
 Array = jax.Array
 Initializer = Callable[..., Any]
 
 _PADDINGS = ("SAME", "VALID")
-_IMPLS = ("im2col", "xla")
+_IMPLS = ("auto", "im2col", "lax", "xla")
 
 
 def _same_pads(k: int) -> tuple[int, int]:
@@ -43,8 +51,11 @@ class Conv(nn.Module):
         kernel_size: ``(kh, kw)``.
         padding: ``"SAME"`` or ``"VALID"``.
         use_bias: whether to add a bias.
-        impl: ``"im2col"`` (shifted slices + one matmul; fast under vmap/scan on CPU) or
-            ``"xla"`` (``lax.conv_general_dilated``; for comparison).
+        impl: ``"auto"`` (``"im2col"`` while traced under a vmap over clients, else
+            ``"lax"``), ``"im2col"`` (shifted slices + one matmul; fast under vmap/scan on
+            CPU), ``"lax"`` (:func:`lax_conv`: XLA's convolution with canonical-layout
+            gradient convolutions; fastest for one client) or ``"xla"``
+            (``lax.conv_general_dilated`` with autodiff's gradient; for comparison).
         kernel_init: kernel initializer (``lecun_normal`` like ``nn.Conv``).
         bias_init: bias initializer (zeros like ``nn.Conv``).
     """
@@ -53,7 +64,7 @@ class Conv(nn.Module):
     kernel_size: tuple[int, int] = (3, 3)
     padding: str = "SAME"
     use_bias: bool = True
-    impl: str = "im2col"
+    impl: str = "auto"
     kernel_init: Initializer = nn.initializers.lecun_normal()
     bias_init: Initializer = nn.initializers.zeros_init()
 
@@ -67,7 +78,12 @@ class Conv(nn.Module):
         cin = x.shape[-1]
         kernel = self.param("kernel", self.kernel_init, (kh, kw, cin, self.features), jnp.float32)
         x = x.astype(jnp.float32)
-        if self.impl == "xla":
+        impl = self.impl
+        if impl == "auto":
+            impl = "im2col" if clients_batched() else "lax"
+        if impl == "lax":
+            y = lax_conv(x, kernel, self.padding)
+        elif impl == "xla":
             y = jax.lax.conv_general_dilated(
                 x,
                 kernel,
@@ -81,6 +97,59 @@ class Conv(nn.Module):
             bias = self.param("bias", self.bias_init, (self.features,), jnp.float32)
             y = y + bias
         return y
+
+
+def _conv_pads(kernel_shape: tuple[int, ...], padding: str) -> tuple[tuple[int, int], ...]:
+    """Explicit (low, high) padding of H and W for a stride-1 "SAME" or "VALID" convolution."""
+    kh, kw = kernel_shape[:2]
+    if padding == "SAME":
+        return _same_pads(kh), _same_pads(kw)
+    return (0, 0), (0, 0)
+
+
+_NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+def _canonical_conv(x: Array, kernel: Array, pads) -> Array:
+    """Stride-1 conv of x ``[N, H, W, C]`` with kernel ``[kh, kw, C, F]`` in NHWC/HWIO."""
+    return jax.lax.conv_general_dilated(x, kernel, (1, 1), pads, dimension_numbers=_NHWC)
+
+
+# `pads` (a nested tuple of ints) is static, not differentiated.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _lax_conv(x: Array, kernel: Array, pads) -> Array:
+    return _canonical_conv(x, kernel, pads)
+
+
+def _lax_conv_fwd(x, kernel, pads):
+    return _canonical_conv(x, kernel, pads), (x, kernel)
+
+
+def _lax_conv_bwd(pads, res, dy):
+    # Both gradients as forward convolutions with explicit transposes, so every convolution XLA
+    # sees is NHWC/HWIO (autodiff's own transposes are not, and XLA:CPU runs them far slower
+    # inside loop bodies).
+    x, kernel = res
+    kh, kw = kernel.shape[:2]
+    (plo, phi), (qlo, qhi) = pads
+    # dx: the "full" correlation of dy with the flipped kernel, its in/out channels swapped.
+    flipped = jnp.flip(kernel, (0, 1)).transpose(0, 1, 3, 2)
+    dx = _canonical_conv(dy, flipped, ((kh - 1 - plo, kh - 1 - phi), (kw - 1 - qlo, kw - 1 - qhi)))
+    # dkernel[i, j, c, f] = sum_{b,h,w} xpad[b, h+i, w+j, c] dy[b, h, w, f]: a VALID conv of the
+    # channels-as-batch input [C, Hp, Wp, B] with dy as a kernel [Ho, Wo, B, F].
+    xpad = jnp.pad(x, ((0, 0), (plo, phi), (qlo, qhi), (0, 0)))
+    dk = _canonical_conv(xpad.transpose(3, 1, 2, 0), dy.transpose(1, 2, 0, 3), ((0, 0), (0, 0)))
+    return dx, dk.transpose(1, 2, 0, 3)
+
+
+_lax_conv.defvjp(_lax_conv_fwd, _lax_conv_bwd)
+
+
+def lax_conv(x: Array, kernel: Array, padding: str) -> Array:
+    """Stride-1 conv, x ``[B, H, W, Cin]``, kernel ``[kh, kw, Cin, F]`` -> ``[B, H', W', F]``:
+    XLA's convolution, with a custom gradient of two canonical-layout forward convolutions
+    (equal to autodiff's up to float32 summation order)."""
+    return _lax_conv(x, kernel, _conv_pads(kernel.shape, padding))
 
 
 def _im2col_conv(x: Array, kernel: Array, padding: str) -> Array:

@@ -176,6 +176,7 @@ class Summaries(Hook):
             "fa_literal_round": stopper.literal_round,
             "client_acc": jsonable(run.last_eval[r].get("client_acc", [])),
             "wall_time_s": time.perf_counter() - run.t0,
+            "timings": jsonable(run.timings),
             "hardware": {
                 "backend": runner.backend,
                 "chunk": runner.chunk,
