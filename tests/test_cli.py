@@ -48,6 +48,11 @@ BAD_INPUTS = [
         ["algorithm=um_pfssl", "algorithm.pl_threshold=1.5"],
         ["algorithm.pl_threshold", "1.5", "[0, 1]"],
     ),
+    (
+        ["hardware=multi_host", "hardware.backend=reference"],
+        ["hardware.distributed=True", "hardware.backend=reference"],
+    ),
+    (["hardware=multi_host", "hardware.devices=2"], ["hardware.devices=2", "'all'"]),
 ]
 
 

@@ -55,6 +55,10 @@ def _task(cfg) -> float | None:
     except (ConfigError, DatasetNotFoundError, ValueError) as e:
         _fail(str(e))
     out_dir = c.out_dir or HydraConfig.get().runtime.output_dir
+    if c.hardware.distributed:  # one run directory: process 0's (Hydra's is named by the clock)
+        from fedjax_semi.engine.distributed import agree
+
+        out_dir = agree(str(out_dir))
     try:
         with _one_line_warnings(CheckpointWarning):
             summary = experiment.run(exp, out_dir)

@@ -182,6 +182,9 @@ class HardwareConfig:
     devices: Any = 1  # number of devices the client axis is sharded over, or "all"
     # With replicas > 1: seeds mapped per chunk, like clients ("all": one vmap; 1: a loop).
     replica_chunk: Any = "all"
+    # Several processes (hosts) through jax.distributed (engine/distributed.py): the client axis
+    # sharded over every process's devices; needs devices "all", chunk "all", backend jit.
+    distributed: bool = False
 
 
 @dataclass
@@ -465,6 +468,14 @@ def validate(cfg: Config) -> None:
     if chunk == "auto" and h.backend != "jit":
         allowed = "a positive integer or 'all' with hardware.backend=reference"
         raise bad("hardware.chunk", h.chunk, allowed)
+    if not isinstance(h.distributed, bool):
+        raise bad("hardware.distributed", h.distributed, "true or false")
+    if h.distributed and h.backend != "jit":
+        allowed = "false with hardware.backend=reference (the processes share one compiled round)"
+        raise bad("hardware.distributed", True, allowed)
+    if h.distributed and h.devices != "all":
+        allowed = "'all' with hardware.distributed=true (the mesh spans every process's devices)"
+        raise bad("hardware.devices", h.devices, allowed)
     if h.devices != 1 and chunk != "all":
         raise bad("hardware.chunk", h.chunk, "'all' when the client axis is sharded (devices != 1)")
     if isinstance(h.devices, int) and cfg.clients_per_round % h.devices:

@@ -20,6 +20,7 @@ from fedjax_semi.data.partitions import (
 )
 from fedjax_semi.data.registry import ArrayDataset, load_dataset, subsample
 from fedjax_semi.data.subclusters import with_subclusters
+from fedjax_semi.engine import distributed
 from fedjax_semi.engine.simulate import Runner, simulate
 from fedjax_semi.models.zoo import Model, make_model
 
@@ -203,8 +204,12 @@ def num_classes(ds: ArrayDataset, part: Partition) -> int:
 
 
 def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
-    """Validate, load, partition and construct everything a run needs (no training yet)."""
+    """Validate, load, partition and construct everything a run needs (no training yet).
+    With hardware.distributed this process first joins the others (jax.distributed), before
+    anything here starts JAX."""
     validate(cfg)
+    if cfg.hardware.distributed:
+        distributed.initialize()
     d = cfg.dataset
     if dataset is not None:
         ds = dataset
@@ -263,14 +268,15 @@ def run(exp: Experiment, out_dir: str | Path) -> dict:
     out = Path(out_dir)
     check_resume(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
-    write_run_config(cfg, out)
-    if cfg.save_partition:
-        exp.partition.save(out / "partition.npz")
-    (out / "counts.json").write_text(
-        json.dumps({k: v.tolist() for k, v in exp.partition.counts().items()})
-    )
-    for s in exp.replica_seeds() or []:
-        write_seed_config(cfg, out, s)
+    if distributed.is_primary():  # hardware.distributed: process 0 writes the files
+        write_run_config(cfg, out)
+        if cfg.save_partition:
+            exp.partition.save(out / "partition.npz")
+        (out / "counts.json").write_text(
+            json.dumps({k: v.tolist() for k, v in exp.partition.counts().items()})
+        )
+        for s in exp.replica_seeds() or []:
+            write_seed_config(cfg, out, s)
     return simulate(
         exp.alg,
         exp.fed,

@@ -15,6 +15,7 @@ import numpy as np
 from fedjax_semi.algorithms.base import Algorithm
 from fedjax_semi.config import StopConfig
 from fedjax_semi.data.federated import FederatedData
+from fedjax_semi.engine import distributed
 from fedjax_semi.engine.clients import LoopMapper, jit_forwarding_inputs, map_clients, map_groups
 from fedjax_semi.engine.loop import (
     Checkpoints,
@@ -60,6 +61,7 @@ class Runner:
         self._flags, self._update_for = alg.round_flags, alg.client_update_for
         self._warmup_fn = alg.warmup if alg.has_warmup else None
         self.chunk, self.autotune = chunk, None
+        self._out = None  # the outputs' sharding with several processes (`replicated`)
         self._keep = jax.jit(keep_replicas)
         # The run's key (`seed`), or with replicas one key per seed: an argument of every
         # compiled program, never a constant, so one program serves every seed (and XLA's
@@ -72,7 +74,11 @@ class Runner:
         if backend == "jit":
             emap = functools.partial(map_clients, chunk=eval_chunk)
             self._place = client_sharding(devices) if devices > 1 else (lambda tree: tree)
-            self._eval = jax.jit(self._replicated(lambda key, s, f: alg.evaluate(s, f, emap)))
+            # Several processes: every output (state, metrics) replicated on every device, so
+            # each process reads it whole (the cohort's rows are gathered once, in the program).
+            out = self._out = replicated(devices)
+            self._jit = jax.jit if out is None else functools.partial(jax.jit, out_shardings=out)
+            self._eval = self._jit(self._replicated(lambda key, s, f: alg.evaluate(s, f, emap)))
             if chunk != "auto":
                 self._compile(chunk)
         elif backend == "reference":
@@ -109,8 +115,8 @@ class Runner:
 
         warmup = self._warmup_fn
         return (
-            jax.jit(self._replicated(round_fn), static_argnums=3),
-            warmup and jax.jit(self._replicated(lambda key, s, d: warmup(s, d, cmap, key))),
+            self._jit(self._replicated(round_fn), static_argnums=3),
+            warmup and self._jit(self._replicated(lambda key, s, d: warmup(s, d, cmap, key))),
         )
 
     def _replicated(self, fn: Callable) -> Callable:
@@ -164,11 +170,15 @@ class Runner:
 
     def template(self) -> FLState:
         """The algorithm's initial state before any warm-up (stacked over the replicas' seeds
-        when there are replicas): the structure a checkpoint restores into."""
+        when there are replicas): the structure a checkpoint restores into. With several
+        processes it is placed like the rounds' outputs (replicated), so the round compiles
+        once and a checkpoint restores onto every process's devices."""
         if self.seeds is None:
-            return self.alg.init(self._keys, self.fed)
-        states = [self.alg.init(key, self.fed) for key in self._keys]
-        return jax.tree.map(lambda *a: jnp.stack(a), *states)
+            state = self.alg.init(self._keys, self.fed)
+        else:
+            states = [self.alg.init(key, self.fed) for key in self._keys]
+            state = jax.tree.map(lambda *a: jnp.stack(a), *states)
+        return state if self._out is None else jax.device_put(state, self._out)
 
     def init(self) -> FLState:
         """The initial state, after the algorithm's warm-up when it has one (with
@@ -223,6 +233,16 @@ def client_sharding(devices: int):
     return lambda tree: jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, spec), tree)
 
 
+def replicated(devices: int):
+    """With several processes (jax.distributed), the sharding that replicates an output on
+    every device of the client mesh; None (the compiler's choice) within one process."""
+    if jax.process_count() == 1:
+        return None
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    return NamedSharding(Mesh(np.array(jax.devices()[:devices]), ("clients",)), PartitionSpec())
+
+
 def simulate(
     alg: Algorithm,
     fed: FederatedData,
@@ -248,20 +268,25 @@ def simulate(
     The hooks run in this order: the metric writers (the JSON-lines one reads back the rows a
     resumed run keeps), the stop rules (which replay them), the NaN guard, the checkpointer
     (after the stop rules: a replica that stops is checkpointed), the progress bar, and the
-    summaries (last: they read the stop rules' bests and every reason)."""
+    summaries (last: they read the stop rules' bests and every reason).
+
+    With several processes (hardware.distributed) every process runs the loop and the
+    checkpointer (Orbax coordinates them); only process 0 writes metrics, summaries, plots and
+    the progress bar."""
     out_dir = Path(out_dir)
+    primary = distributed.is_primary()
     dirs = [out_dir] if runner.seeds is None else [out_dir / f"seed_{s}" for s in runner.seeds]
     for d in (out_dir, *dirs):
         d.mkdir(parents=True, exist_ok=True)
     stop_rules = StopRules(stop or StopConfig())
     checkpoints = Checkpoints(out_dir / "checkpoints", checkpoint_every)
-    summaries = Summaries(out_dir, alg.name, title or alg.name, runner, stop_rules)
+    summaries = Summaries(out_dir, alg.name, title or alg.name, runner, stop_rules, primary)
     hooks = [
-        *make_writers(writers),
+        *make_writers(writers, primary),
         stop_rules,
         NaNGuard(checkpoints.directory),
         checkpoints,
-        Progress(alg.name, progress),
+        Progress(alg.name, progress and primary),
         summaries,
     ]
     train_and_evaluate(

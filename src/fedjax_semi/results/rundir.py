@@ -166,14 +166,20 @@ class Checkpointer:
             self.manager.delete(step)
 
     def _set_aside(self, step: int) -> Path:
-        """Move an unreadable step directory out of Orbax's sight (kept for inspection)."""
+        """Move an unreadable step directory out of Orbax's sight (kept for inspection; by
+        process 0 alone with hardware.distributed)."""
+        from fedjax_semi.engine import distributed
+
         src = self.directory / str(step)
         dst = self.directory / f"{step}.corrupt"
         n = 1
         while dst.exists():
             n += 1
             dst = self.directory / f"{step}.corrupt{n}"
-        src.rename(dst)
+        distributed.barrier("fedjax_semi: before moving a damaged checkpoint")
+        if distributed.is_primary():
+            src.rename(dst)
+        distributed.barrier("fedjax_semi: damaged checkpoint moved")
         with _quiet_orbax():
             self.manager.reload()
         return dst

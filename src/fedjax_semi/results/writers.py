@@ -18,23 +18,39 @@ from typing import Any
 
 import numpy as np
 
+from fedjax_semi.engine import distributed
 from fedjax_semi.engine.loop import Hook, Rows, Run, StopRules
 from fedjax_semi.results.rundir import MetricsLog, environment, jsonable, plot_curves
 
 
 class JsonLines(Hook):
     """metrics.jsonl. A resumed run keeps the rows up to its checkpoint (they become run.rows;
-    the rounds after it are redone); a fresh run starts a fresh file."""
+    the rounds after it are redone); a fresh run starts a fresh file.
+
+    With several processes (hardware.distributed) only process 0 (`primary`) writes; every
+    process reads the kept rows back on resume (its stop rules replay them), before process 0
+    rewrites the file."""
+
+    def __init__(self, primary: bool = True) -> None:
+        self.primary = primary
 
     def start(self, run: Run) -> None:
         self.logs = [MetricsLog(d / "metrics.jsonl") for d in run.dirs]
-        for r, log in enumerate(self.logs):
+        if run.resumed:
+            for r, log in enumerate(self.logs):
+                run.rows[r] = [row for row in log.read() if row["round"] <= run.start]
+        distributed.barrier("fedjax_semi: metrics.jsonl read")
+        if not self.primary:
+            return
+        for log in self.logs:
             if run.resumed:
-                run.rows[r] = log.truncate(run.start)
+                log.truncate(run.start)
             elif log.path.exists():
                 log.path.unlink()
 
     def write(self, run: Run, rnd: int, rows: Rows) -> None:
+        if not self.primary:
+            return
         for r, row in rows.items():
             self.logs[r].append(row)
 
@@ -130,37 +146,51 @@ class MLflow(Hook):
 WRITERS = {"jsonl": JsonLines, "tensorboard": TensorBoard, "mlflow": MLflow}
 
 
-def make_writers(names: list[str] | tuple[str, ...]) -> list[Hook]:
-    """The metric writers of the config's `writers` list (checked by config.validate)."""
+def make_writers(names: list[str] | tuple[str, ...], primary: bool = True) -> list[Hook]:
+    """The metric writers of the config's `writers` list (checked by config.validate). In a
+    process other than the primary one (hardware.distributed), only the JSON-lines reader of a
+    resumed run's rows."""
+    if not primary:
+        return [JsonLines(primary=False)] if "jsonl" in names else []
     return [WRITERS[n]() for n in names]
 
 
 class Summaries(Hook):
     """At the end: summary.json and plots/accuracy.png in each replica's directory and, with
     replicas, replicas.json (mean and std over the seeds) and the mean curve in `out_dir`.
-    `summary` is then the run's summary (replicas.json's content with replicas)."""
+    `summary` is then the run's summary (replicas.json's content with replicas). Without
+    `primary` (a process other than 0 of hardware.distributed) it writes no file."""
 
-    def __init__(self, out_dir: Path, alg_name: str, title: str, runner, stop: StopRules) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        alg_name: str,
+        title: str,
+        runner,
+        stop: StopRules,
+        primary: bool = True,
+    ) -> None:
         self.out_dir, self.alg_name, self.title = Path(out_dir), alg_name, title
-        self.runner, self.stop = runner, stop
+        self.runner, self.stop, self.primary = runner, stop, primary
         self.summary: dict = {}
 
     def end(self, run: Run, error: BaseException | None) -> None:
         summaries = []
         for r, d in enumerate(run.dirs):
             summaries.append(self._write_summary(d, run, r))
-            if run.rows[r]:
+            if run.rows[r] and self.primary:
                 seed = "" if run.seeds is None else f", seed {run.seeds[r]}"
                 plot_curves(run.rows[r], d / "plots" / "accuracy.png", self.title + seed)
         if run.seeds is None:
             self.summary = summaries[0]
             return
         self.summary = self._write_replicas(run, summaries)
-        plot_curves(
-            mean_rows(run.rows),
-            self.out_dir / "plots" / "accuracy.png",
-            f"{self.title} (mean of {len(run.dirs)} seeds)",
-        )
+        if self.primary:
+            plot_curves(
+                mean_rows(run.rows),
+                self.out_dir / "plots" / "accuracy.png",
+                f"{self.title} (mean of {len(run.dirs)} seeds)",
+            )
 
     def _write_summary(self, out_dir: Path, run: Run, r: int) -> dict:
         rows, stopper, runner = run.rows[r], self.stop.stoppers[r], self.runner
@@ -185,7 +215,8 @@ class Summaries(Hook):
             },
             "environment": environment(),
         }
-        (out_dir / "summary.json").write_text(json.dumps(jsonable(summary), indent=2))
+        if self.primary:
+            (out_dir / "summary.json").write_text(json.dumps(jsonable(summary), indent=2))
         return summary
 
     def _write_replicas(self, run: Run, summaries: list[dict]) -> dict:
@@ -216,7 +247,8 @@ class Summaries(Hook):
             "hardware": summaries[0]["hardware"],
             "environment": summaries[0]["environment"],
         }
-        (self.out_dir / "replicas.json").write_text(json.dumps(jsonable(summary), indent=2))
+        if self.primary:
+            (self.out_dir / "replicas.json").write_text(json.dumps(jsonable(summary), indent=2))
         return summary
 
 
