@@ -10,6 +10,8 @@ hyper-parameters.
     python benchmarks/throughput.py --accuracy 50 --seeds 3 [--workloads W1,W3]  # agreement
     python benchmarks/throughput.py --replicas 4 [--workloads W3] [--chunks 1,all]  # seeds
     python benchmarks/throughput.py --full-run 30 --convs auto,im2col --torch --torch-threads 1,2
+    python benchmarks/throughput.py --interleave --workloads W0 --chunks 1,reference \
+        --convs auto,im2col --torch --torch-threads 1,2 --repeats 9  # rounds taken in turns
 
 Per mapping: rounds/s, client-steps/s, samples/s (the samples the clients train on), peak
 memory (device peak where the backend reports it, else the process's peak RSS, which only grows
@@ -216,6 +218,108 @@ def run_workload(w: Workload, args, peak: float, env: dict, **scale) -> list[dic
             emit({**rec, **env}, Path(args.out))
             records.append(rec)
     return records
+
+
+def interleaved(w: Workload, args, env: dict) -> list[dict]:
+    """--interleave: every contender (each --convs x --chunks engine runner, each
+    --torch-threads PyTorch loop, and the dense matmul) compiled or warmed once, then timed one
+    round at a time in turn, --repeats passes in a rotating order, so that a drift of the
+    machine's speed (other jobs, another VM on the host) falls on all of them alike. Ratios are
+    of medians over the passes."""
+    import torch_loop
+
+    ds = synthetic_dataset(w)
+    overrides = w.overrides()
+    exp = experiment.build(compose(*overrides), dataset=ds)
+    flops = sgd_step_flops(exp, w)
+    has_conv = hasattr(exp.model.module, "conv_impl")
+    contenders: dict[str, object] = {}
+    for conv in [c for c in args.convs.split(",") if c] if has_conv else [""]:
+        if conv:
+            exp = experiment.build(compose(*overrides, f"model.conv={conv}"), dataset=ds)
+        for chunk in (c for c in args.chunks.split(",") if c):
+            runner = runner_for(exp, chunk)
+            contenders[f"engine conv={conv or '-'} chunk={chunk}"] = [runner, runner.init()]
+    for threads in torch_threads(args) if args.torch and not w.extra else ():
+        x = (ds.x_train, ds.y_train, client_indices(exp), ds.x_test, ds.y_test, ds.mean, ds.std)
+        contenders[f"pytorch_loop threads={threads}"] = torch_loop.TorchFedAvg(
+            w, *x, seed=0, threads=threads
+        )
+    n = 8192 if jax.default_backend() == "gpu" else 2048
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    matmul = jax.jit(lambda a: a @ a)
+    jax.block_until_ready(matmul(a))
+
+    def one_round(name: str) -> float:
+        c = contenders[name]
+        if isinstance(c, list):  # an engine runner and its state
+            t0 = time.perf_counter()
+            c[1], _ = c[0].round(c[1])
+            jax.block_until_ready(c[1])
+            return time.perf_counter() - t0
+        return c.round()
+
+    firsts = {name: one_round(name) for name in contenders}  # compiles, warms
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    peaks = []
+    names = list(contenders)
+    for p in range(args.repeats):
+        for name in names[p % len(names) :] + names[: p % len(names)]:
+            times[name].append(one_round(name))
+        t0 = time.perf_counter()
+        jax.block_until_ready(matmul(a))
+        peaks.append(2 * n**3 / (time.perf_counter() - t0))
+    peak = float(np.median(peaks))
+    records = []
+    for name in names:
+        t = float(np.median(times[name]))
+        engine, *rest = name.split()
+        rec = {
+            "bench": "throughput_interleaved",
+            "workload": w.name,
+            "title": w.title,
+            "clients": w.clients,
+            "cohort": w.cohort,
+            "steps_per_client": w.steps_per_client,
+            "batch": w.batch,
+            "data": "synthetic",
+            "contender": name,
+            "engine": "fedjax-semi" if engine == "engine" else "pytorch_loop",
+            **dict(kv.split("=") for kv in rest),
+            "passes": args.repeats,
+            "first_round_s": firsts[name],
+            "round_s_all": times[name],
+            "matmul_flops_per_s": peak,
+            "matmul_flops_per_s_all": peaks,
+            "sgd_step_flops": flops,
+            **rates(w, w.cohort, t, flops, peak),
+            **peak_memory(),
+        }
+        emit({**rec, **env}, Path(args.out))
+        records.append(rec)
+    return records
+
+
+def interleaved_markdown(records: list[dict]) -> str:
+    torch_best = min((r["round_s"] for r in records if r["engine"] == "pytorch_loop"), default=None)
+    ref = {r.get("conv"): r["round_s"] for r in records if r.get("chunk") == "reference"}
+    lines = [
+        f"matmul rate (median of the passes): {records[0]['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s",
+        "",
+        "| contender | s / round | client-steps/s | % of matmul rate | vs reference "
+        "| vs best PyTorch loop |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        frac, t = r.get("fraction_of_matmul_peak"), r["round_s"]
+        base = ref.get(r.get("conv"))
+        lines.append(
+            f"| {r['contender']} | {t:.3f} | {r['client_steps_per_s']:,.0f} "
+            f"| {'-' if frac is None else f'{100 * frac:.0f}%'} "
+            f"| {'-' if base is None else f'{base / t:.2f}x'} "
+            f"| {'-' if torch_best is None else f'{torch_best / t:.2f}x'} |"
+        )
+    return "\n".join(lines)
 
 
 def torch_threads(args) -> list[int]:
@@ -490,8 +594,16 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=0, help="seeds as one program vs in turn")
     ap.add_argument("--replica-chunks", default="1,all", help="replicas mapped per chunk")
     ap.add_argument("--full-run", type=int, default=0, help="R: time whole W0 runs of R rounds")
+    ap.add_argument("--interleave", action="store_true", help="contenders take turns by round")
     args = ap.parse_args()
     env = environment()
+    if args.interleave:
+        for name in args.workloads.split(","):
+            table = interleaved_markdown(interleaved(WORKLOADS[name], args, env))
+            print(table)
+            if args.markdown:
+                Path(args.markdown).write_text(table + "\n")
+        return
     if args.full_run:
         print(full_run_markdown(full_run(args, env)))
         return

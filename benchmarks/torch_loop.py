@@ -172,6 +172,109 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class TorchFedAvg:
+    """FedAvg over `client_idx` (one index array into x_train per client) with one torch model:
+    `round()` trains a sampled cohort one client after the other and averages, `evaluate()`
+    scores the global model on the test set; both return their seconds. init="engine" draws the
+    weights as the engine's flax models do (`engine_init`), for the accuracy agreement; "native"
+    keeps torch's (and, on W1, pfl's Glorot) initialisation."""
+
+    def __init__(
+        self,
+        w: Workload,
+        x_train: np.ndarray,
+        y_train: np.ndarray,
+        client_idx: list[np.ndarray],
+        x_test: np.ndarray,
+        y_test: np.ndarray,
+        mean: Sequence[float],
+        std: Sequence[float],
+        seed: int = 0,
+        device: str = "cpu",
+        threads: int | None = None,
+        init: str = "native",
+    ) -> None:
+        import torch
+
+        self.threads = threads
+        if threads:
+            torch.set_num_threads(threads)
+        torch.manual_seed(seed)
+        self.w, self.client_idx, self.x_test, self.y_test = w, client_idx, x_test, y_test
+        self.mean, self.std = mean, std
+        self.rng = np.random.default_rng(seed)
+        self.dev = dev = torch.device(device)
+        # All clients' data as one preprocessed tensor on the device (pfl's in-RAM dataset);
+        # batches are gathered from it by index.
+        self.x = preprocess(x_train, mean, std, dev)
+        self.y = torch.from_numpy(np.array(y_train, dtype=np.int64)).to(dev)
+        model = torch_model(w)
+        if init == "engine":
+            engine_init(model)
+        self.model = model.to(dev)
+        self.n_params = param_count(model, w)
+        self.params = list(model.parameters())
+        self.global_params = [p.detach().clone() for p in self.params]
+        # No momentum and no weight decay: SGD keeps no state, so one optimizer serves all.
+        self.opt = torch.optim.SGD(self.params, lr=w.lr, momentum=0.0, weight_decay=0.0)
+        self.cohort = min(w.cohort, len(client_idx))
+        self.last_loss, self.correct = float("nan"), 0
+
+    def _load_global(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for p, g in zip(self.params, self.global_params, strict=True):
+                p.copy_(g)
+
+    def round(self) -> float:
+        """One FedAvg round; returns its seconds (the device synchronised at both ends)."""
+        import torch
+
+        w, dev = self.w, self.dev
+        if self.threads:  # a process-wide setting: several loops in one process take turns
+            torch.set_num_threads(self.threads)
+        _sync(dev)
+        t0 = time.perf_counter()
+        sampled = self.rng.choice(len(self.client_idx), size=self.cohort, replace=False)
+        acc = [torch.zeros_like(g) for g in self.global_params]
+        total = 0
+        loss_sum = torch.zeros((), device=dev)  # on the device: no sync per step
+        self.model.train()
+        for c in sampled:
+            self._load_global()
+            idx = self.client_idx[c]
+            loss_sum += local_epochs(self.model, self.opt, self.x, self.y, idx, w, self.rng)
+            with torch.no_grad():
+                for a, p in zip(acc, self.params, strict=True):
+                    a.add_(p, alpha=float(len(idx)))
+            total += len(idx)
+        with torch.no_grad():
+            for g, a in zip(self.global_params, acc, strict=True):
+                g.add_(a / total - g, alpha=w.server_lr)
+        self.last_loss = loss_sum.item() / (total * w.local_epochs)
+        _sync(dev)
+        return time.perf_counter() - t0
+
+    def evaluate(self) -> float:
+        """Test accuracy of the global model (into self.correct); returns its seconds."""
+        import torch
+
+        _sync(self.dev)
+        t0 = time.perf_counter()
+        self._load_global()
+        self.model.eval()
+        correct = 0
+        with torch.no_grad():
+            for i in range(0, len(self.x_test), 1000):
+                xb = preprocess(self.x_test[i : i + 1000], self.mean, self.std, self.dev)
+                yb = np.array(self.y_test[i : i + 1000], dtype=np.int64)
+                yb = torch.from_numpy(yb).to(self.dev)
+                correct += int((self.model(xb).argmax(-1) == yb).sum().item())
+        self.correct = correct
+        return time.perf_counter() - t0
+
+
 def torch_fedavg(
     w: Workload,
     x_train: np.ndarray,
@@ -188,99 +291,31 @@ def torch_fedavg(
     init: str = "native",
     eval_every: int = 0,
 ) -> dict:
-    """`rounds` rounds of FedAvg over `client_idx` (one index array into x_train per client).
-    init="engine" draws the weights as the engine's flax models do (`engine_init`), for the
-    accuracy agreement; "native" keeps torch's (and, on W1, pfl's Glorot) initialisation.
-
-    eval_every > 0 also evaluates the global model every eval_every rounds, as a run does.
+    """`rounds` rounds of `TorchFedAvg`; eval_every > 0 also evaluates the global model every
+    eval_every rounds, as a run does.
 
     Returns {"first_round_s", "round_s" (rounds after the first), "accuracy" (final global model
     on the test set), "eval_s" (that test evaluation's seconds), "eval_s_all" (every one),
     "train_loss_last_round" (mean over the examples of the last round), "params", "cohort"}."""
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
-    torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    dev = torch.device(device)
-
-    # All clients' data as one preprocessed tensor on the device (pfl's in-RAM dataset);
-    # batches are gathered from it by index.
-    x = preprocess(x_train, mean, std, dev)
-    y = torch.from_numpy(np.array(y_train, dtype=np.int64)).to(dev)
-    model = torch_model(w)
-    if init == "engine":
-        engine_init(model)
-    model = model.to(dev)
-    n_params = param_count(model, w)
-    params = list(model.parameters())
-    global_params = [p.detach().clone() for p in params]
-    # No momentum and no weight decay: SGD keeps no state, so one optimizer serves all clients.
-    opt = torch.optim.SGD(params, lr=w.lr, momentum=0.0, weight_decay=0.0)
-    cohort = min(w.cohort, len(client_idx))
-
-    last_correct = [0]
-
-    def evaluate() -> float:
-        """Test accuracy of the global model (into last_correct); returns its seconds."""
-        _sync(dev)
-        t_eval = time.perf_counter()
-        with torch.no_grad():
-            for p, g in zip(params, global_params, strict=True):
-                p.copy_(g)
-        model.eval()
-        correct = 0
-        with torch.no_grad():
-            for i in range(0, len(x_test), 1000):
-                xb = preprocess(x_test[i : i + 1000], mean, std, dev)
-                yb = torch.from_numpy(np.array(y_test[i : i + 1000], dtype=np.int64)).to(dev)
-                correct += int((model(xb).argmax(-1) == yb).sum().item())
-        last_correct[0] = correct
-        return time.perf_counter() - t_eval
-
+    fl = TorchFedAvg(
+        w, x_train, y_train, client_idx, x_test, y_test, mean, std, seed, device, threads, init
+    )
     times: list[float] = []
     eval_times: list[float] = []
-    last_loss = float("nan")
     for rnd in range(1, rounds + 1):
-        _sync(dev)
-        t0 = time.perf_counter()
-        sampled = rng.choice(len(client_idx), size=cohort, replace=False)
-        acc = [torch.zeros_like(g) for g in global_params]
-        total = 0
-        loss_sum = torch.zeros((), device=dev)  # on the device: no sync per step
-        model.train()
-        for c in sampled:
-            with torch.no_grad():
-                for p, g in zip(params, global_params, strict=True):
-                    p.copy_(g)
-            idx = client_idx[c]
-            n_c = len(idx)
-            loss_sum += local_epochs(model, opt, x, y, idx, w, rng)
-            with torch.no_grad():
-                for a, p in zip(acc, params, strict=True):
-                    a.add_(p, alpha=float(n_c))
-            total += n_c
-        with torch.no_grad():
-            for g, a in zip(global_params, acc, strict=True):
-                g.add_(a / total - g, alpha=w.server_lr)
-        last_loss = loss_sum.item() / (total * w.local_epochs)
-        _sync(dev)
-        times.append(time.perf_counter() - t0)
+        times.append(fl.round())
         if eval_every and rnd % eval_every == 0 and rnd < rounds:
-            eval_times.append(evaluate())
-
-    eval_times.append(evaluate())  # the final global model (timed: what a run repeats)
-    correct = last_correct[0]
+            eval_times.append(fl.evaluate())
+    eval_times.append(fl.evaluate())  # the final global model (timed: what a run repeats)
     return {
         "first_round_s": times[0] if times else None,
         "round_s": times[1:],
-        "accuracy": correct / max(len(x_test), 1),
+        "accuracy": fl.correct / max(len(x_test), 1),
         "eval_s": eval_times[-1],
         "eval_s_all": eval_times,
-        "train_loss_last_round": last_loss,
-        "params": n_params,
-        "cohort": cohort,
+        "train_loss_last_round": fl.last_loss,
+        "params": fl.n_params,
+        "cohort": fl.cohort,
     }
 
 
