@@ -27,6 +27,12 @@ with the round counter moved past the split warm-up (r = split_warmup + 1), medi
 every round (the warm-up and Eqs. 5-6 gate only which splits are granted), so both timed rounds
 run them; the `splits` field records the splits the timed round granted.
 
+The clustering's share of the round is measured by subtraction, under one mapping
+(--share-chunk, default the first jit one): the same rounds traced again with the workers'
+cosine matrix replaced by zeros and every bipartition by an empty one (`without_clustering`),
+timed alternately with the full rounds, so that the other jobs on a shared machine slow both
+alike; the median of the paired differences over the full round's median.
+
 The kernels are also timed alone, jitted, on random updates [I, P] (their cost does not depend
 on the values: the Prim loop has a fixed length): as the round runs them (`cosine_matrix` on
 [I, P], then `bipartition_maxst` vmapped over the K_max slots of the state's assignment, each on
@@ -37,6 +43,8 @@ work the algorithm needs at the start).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -112,8 +120,39 @@ def kernels(state, num_edges: int, p: int, repeats: int) -> dict:
     }
 
 
-def round_records(exp, chunk: str, repeats: int) -> tuple[dict, object]:
-    """Time one mapping: the first round, then a labeled and a labeling round past the warm-up."""
+@contextlib.contextmanager
+def without_clustering(num_workers: int):
+    """While a round is traced: the workers' cosine matrix ([I, I]) is zeros and every
+    bipartition is empty (`finish` runs the same otherwise, shapes included), so the round
+    traced inside costs the round less the clustering kernels. The cloud merge's [K, K]
+    cosine matrix of the clusters' means is left as it is."""
+    cos, bip = cl.cosine_matrix, cl.bipartition_maxst
+
+    def no_cos(delta, part):
+        if delta.shape[0] != num_workers:
+            return cos(delta, part)
+        return jnp.zeros((num_workers, num_workers), jnp.float32)
+
+    def no_bip(s, member):
+        return jnp.zeros_like(member, bool), jnp.ones((), jnp.float32)
+
+    cl.cosine_matrix, cl.bipartition_maxst = no_cos, no_bip
+    try:
+        yield
+    finally:
+        cl.cosine_matrix, cl.bipartition_maxst = cos, bip
+
+
+def once(runner, state) -> float:
+    t0 = time.perf_counter()
+    jax.block_until_ready(runner.round(state)[0])
+    return time.perf_counter() - t0
+
+
+def round_records(exp, chunk: str, repeats: int, subtract: bool) -> tuple[dict, object]:
+    """Time one mapping: the first round, then a labeled and a labeling round past the warm-up.
+    subtract: also the same rounds traced without the clustering kernels, alternating with the
+    full ones (so a drift in the machine's speed falls on both)."""
     runner = runner_for(exp, chunk)
     state = runner.init()
     t0 = time.perf_counter()
@@ -122,30 +161,45 @@ def round_records(exp, chunk: str, repeats: int) -> tuple[dict, object]:
     first = time.perf_counter() - t0
     past = state.replace(round=jnp.asarray(exp.alg.cfg.split_warmup, state.round.dtype))
     labeling = past.replace(extra={**past.extra, "labeling_on": jnp.asarray(True)})
+    bare = None
+    if subtract:
+        bare = runner_for(exp, chunk)
+        with without_clustering(exp.alg.num_clients):
+            once(bare, past)  # traced and compiled here
     out = {"first_round_s": first}
     for name, s in (("labeled", past), ("labeling", labeling)):
         _, m = jax.block_until_ready(runner.round(s))  # untimed: the round's metrics
-        times = []
+        times, bare_times = [], []
+        if bare is not None:
+            once(bare, s)
         for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(runner.round(s)[0])
-            times.append(time.perf_counter() - t0)
+            times.append(once(runner, s))
+            if bare is not None:
+                bare_times.append(once(bare, s))
         out[f"{name}_round_s_median"] = float(np.median(times))
         out[f"{name}_round_s_all"] = times
         out[f"{name}_splits"] = int(m["splits"])
         out[f"{name}_pool_mean"] = float(m["pseudo_labeled"]) / exp.alg.num_clients + float(
             jnp.mean(runner.data.roles["labeled"].count)
         )
+        if bare is not None:
+            # Paired: each full round against the bare one right after it.
+            diff = float(np.median(np.subtract(times, bare_times)))
+            out[f"{name}_bare_round_s_median"] = float(np.median(bare_times))
+            out[f"{name}_bare_round_s_all"] = bare_times
+            out[f"{name}_clustering_s"] = diff
+            out[f"{name}_clustering_share"] = diff / out[f"{name}_round_s_median"]
     return out, past
 
 
-def table(rows: list[dict]) -> str:
-    head = (
+def table(rows: list[dict], kerns: list[dict]) -> str:
+    """The run as Markdown: the rounds per mapping, then the kernels alone."""
+    lines = [
         "| I | mapping | first round (s) | labeled round (s) | labeling round (s) "
-        "| vs reference (labeled / labeling) | kernels in the round (s) "
-        "| share (labeled / labeling) |"
-    )
-    lines = [head, "|" + "---|" * 8]
+        "| vs reference (labeled / labeling) | clustering in the round, s (share) "
+        "| load before / after |",
+        "|" + "---|" * 8,
+    ]
     ref = {r["workers"]: r for r in rows if r["chunk"] == "reference"}
     for r in rows:
         base = ref.get(r["workers"])
@@ -155,13 +209,29 @@ def table(rows: list[dict]) -> str:
             if base
             else "-"
         )
-        k = r["kernels_s"]
+        sub = (
+            f"{r['labeled_clustering_s']:.3f} ({r['labeled_clustering_share']:.0%}) / "
+            f"{r['labeling_clustering_s']:.3f} ({r['labeling_clustering_share']:.0%})"
+            if "labeled_clustering_s" in r
+            else ""
+        )
         mapping = "reference loop" if r["chunk"] == "reference" else f"chunk={r['chunk']}"
         lines.append(
-            f"| {r['workers']} | {mapping} "
-            f"| {r['first_round_s']:.2f} | {r['labeled_round_s_median']:.3f} "
-            f"| {r['labeling_round_s_median']:.3f} | {vs} | {k:.3f} "
-            f"| {k / r['labeled_round_s_median']:.0%} / {k / r['labeling_round_s_median']:.0%} |"
+            f"| {r['workers']} | {mapping} | {r['first_round_s']:.2f} "
+            f"| {r['labeled_round_s_median']:.3f} | {r['labeling_round_s_median']:.3f} | {vs} "
+            f"| {sub} | {r['load_1m_before']:.1f} / {r['load_1m']:.1f} |"
+        )
+    lines += [
+        "",
+        "| I | cosine [I, P] (s) | K_max bipartitions [I, I] (s) | per edge: J cosine "
+        "[I/J, P] (s) | per edge: J bipartitions (s) | load |",
+        "|" + "---|" * 6,
+    ]
+    for k in kerns:
+        lines.append(
+            f"| {k['workers']} | {k['cosine_s']:.3f} | {k['bipartitions_s']:.4f} "
+            f"| {k['per_edge_cosine_s']:.3f} | {k['per_edge_bipartition_s']:.4f} "
+            f"| {k['load_1m']:.1f} |"
         )
     return "\n".join(lines)
 
@@ -173,9 +243,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--data", default="synthetic", choices=("synthetic", "real"))
     ap.add_argument("--images-per-worker", type=int, default=175)
+    ap.add_argument(
+        "--share-chunk",
+        default=None,
+        help="the mapping whose rounds are also timed without the clustering kernels "
+        "(default: the first jit one in --chunks)",
+    )
     ap.add_argument("--out", default=str(RESULTS / "cfsl.jsonl"))
     args = ap.parse_args()
-    rows = []
+    rows, kerns = [], []
     for n in (int(v) for v in args.workers.split(",")):
         ds, fraction = dataset(args.data, n, args.images_per_worker)
         cfg = compose(
@@ -201,24 +277,33 @@ def main() -> None:
             "repeats": args.repeats,
         }
         kern = None
-        for chunk in args.chunks.split(","):
-            rec, past = round_records(exp, chunk, args.repeats)
+        chunks = args.chunks.split(",")
+        share_chunk = args.share_chunk or next((c for c in chunks if c != "reference"), None)
+        for chunk in chunks:
+            load_before = os.getloadavg()[0]
+            rec, past = round_records(exp, chunk, args.repeats, subtract=chunk == share_chunk)
             if kern is None:  # the same kernels under every mapping: timed once per I
-                kern = kernels(past, num_edges, p, args.repeats)
-                emit({"bench": "cfsl_kernels", **common, **kern, **environment()}, Path(args.out))
+                kern = {
+                    "bench": "cfsl_kernels",
+                    **common,
+                    **kernels(past, num_edges, p, args.repeats),
+                }
+                kern.update(environment())
+                emit(kern, Path(args.out))
+                kerns.append(kern)
             record = {
                 "bench": "cfsl_round",
                 **common,
                 "backend": "reference" if chunk == "reference" else "jit",
                 "chunk": chunk,
                 **rec,
-                "kernels_s": kern["kernels_s"],
-                "kernel_share_labeled": kern["kernels_s"] / rec["labeled_round_s_median"],
-                "kernel_share_labeling": kern["kernels_s"] / rec["labeling_round_s_median"],
+                "load_1m_before": load_before,
+                "kernels_alone_s": kern["kernels_s"],
             }
-            emit({**record, **environment()}, Path(args.out))
+            record.update(environment())
+            emit(record, Path(args.out))
             rows.append(record)
-    print(table(rows))
+    print(table(rows, kerns))
 
 
 if __name__ == "__main__":
