@@ -16,8 +16,10 @@ Fashion-MNIST's shapes, so both sizes see the same per-worker data; `--data real
 Fashion-MNIST (up to I = 400). Split thresholds absolute, eps1 = 1e9 and eps2 = 1e-9, so that
 Eqs. 5 and 6 hold and every root cluster with >= 3 members splits in the timed round.
 
-Per mapping: a first round (compile + round 1), then two rounds timed from the state after it
-with the round counter moved past the split warm-up (r = split_warmup + 1), median of --repeats:
+Per mapping: a first round (compile + round 1). Then two rounds are timed from the state after
+the first mapping's round 1 with the round counter moved past the split warm-up
+(r = split_warmup + 1), one untimed call each, then --repeats calls with the mappings taking
+turns call by call (so that the other jobs on a shared machine slow them alike), median:
   * labeled round: labeling not yet on (SP starts it after the first split): each worker trains
     on its 14 labeled images;
   * labeling round: labeling on and phi = 0, so the round relabels every worker's unlabeled
@@ -30,8 +32,8 @@ run them; the `splits` field records the splits the timed round granted.
 The clustering's share of the round is measured by subtraction, under one mapping
 (--share-chunk, default the first jit one): the same rounds traced again with the workers'
 cosine matrix replaced by zeros and every bipartition by an empty one (`without_clustering`),
-timed alternately with the full rounds, so that the other jobs on a shared machine slow both
-alike; the median of the paired differences over the full round's median.
+taking their turn right after the full ones; the median of the paired differences over the
+full round's median.
 
 The kernels are also timed alone, jitted, on random updates [I, P] (their cost does not depend
 on the values: the Prim loop has a fixed length): as the round runs them (`cosine_matrix` on
@@ -149,47 +151,39 @@ def once(runner, state) -> float:
     return time.perf_counter() - t0
 
 
-def round_records(exp, chunk: str, repeats: int, subtract: bool) -> tuple[dict, object]:
-    """Time one mapping: the first round, then a labeled and a labeling round past the warm-up.
-    subtract: also the same rounds traced without the clustering kernels, alternating with the
-    full ones (so a drift in the machine's speed falls on both)."""
+def first_round(exp, chunk: str, bare: bool = False):
+    """(runner, compile + round 1 seconds, the state after round 1). bare: the runner is traced
+    without the clustering kernels (`without_clustering`)."""
     runner = runner_for(exp, chunk)
-    state = runner.init()
-    t0 = time.perf_counter()
-    state, _ = runner.round(state)
-    jax.block_until_ready(state)
-    first = time.perf_counter() - t0
-    past = state.replace(round=jnp.asarray(exp.alg.cfg.split_warmup, state.round.dtype))
-    labeling = past.replace(extra={**past.extra, "labeling_on": jnp.asarray(True)})
-    bare = None
-    if subtract:
-        bare = runner_for(exp, chunk)
-        with without_clustering(exp.alg.num_clients):
-            once(bare, past)  # traced and compiled here
-    out = {"first_round_s": first}
-    for name, s in (("labeled", past), ("labeling", labeling)):
-        _, m = jax.block_until_ready(runner.round(s))  # untimed: the round's metrics
-        times, bare_times = [], []
-        if bare is not None:
-            once(bare, s)
+    ctx = without_clustering(exp.alg.num_clients) if bare else contextlib.nullcontext()
+    with ctx:
+        state = runner.init()
+        t0 = time.perf_counter()
+        state, _ = runner.round(state)
+        jax.block_until_ready(state)
+    return runner, time.perf_counter() - t0, state
+
+
+def interleaved(runners: dict, states: dict, repeats: int, workers: int) -> tuple[dict, dict]:
+    """Round times {mapping: {kind: [s]}}, the mappings taking turns round by round (so a
+    drift in the machine's speed falls on all of them), after one untimed round each; and the
+    metrics {kind: metrics} of the first mapping's untimed round. The "bare" runner is always
+    called without the clustering kernels, so that a retrace could not bring them back."""
+
+    def call(name, fn):
+        with without_clustering(workers) if name == "bare" else contextlib.nullcontext():
+            return fn()
+
+    times = {name: {kind: [] for kind in states} for name in runners}
+    metrics = {}
+    for kind, s in states.items():
+        for name, runner in runners.items():
+            _, m = call(name, lambda r=runner, s=s: jax.block_until_ready(r.round(s)))
+            metrics.setdefault(kind, jax.device_get(m))
         for _ in range(repeats):
-            times.append(once(runner, s))
-            if bare is not None:
-                bare_times.append(once(bare, s))
-        out[f"{name}_round_s_median"] = float(np.median(times))
-        out[f"{name}_round_s_all"] = times
-        out[f"{name}_splits"] = int(m["splits"])
-        out[f"{name}_pool_mean"] = float(m["pseudo_labeled"]) / exp.alg.num_clients + float(
-            jnp.mean(runner.data.roles["labeled"].count)
-        )
-        if bare is not None:
-            # Paired: each full round against the bare one right after it.
-            diff = float(np.median(np.subtract(times, bare_times)))
-            out[f"{name}_bare_round_s_median"] = float(np.median(bare_times))
-            out[f"{name}_bare_round_s_all"] = bare_times
-            out[f"{name}_clustering_s"] = diff
-            out[f"{name}_clustering_share"] = diff / out[f"{name}_round_s_median"]
-    return out, past
+            for name, runner in runners.items():
+                times[name][kind].append(call(name, lambda r=runner, s=s: once(r, s)))
+    return times, metrics
 
 
 def table(rows: list[dict], kerns: list[dict]) -> str:
@@ -276,30 +270,51 @@ def main() -> None:
             "images_per_worker": args.images_per_worker,
             "repeats": args.repeats,
         }
-        kern = None
         chunks = args.chunks.split(",")
-        share_chunk = args.share_chunk or next((c for c in chunks if c != "reference"), None)
+        share = args.share_chunk or next((c for c in chunks if c != "reference"), None)
+        runners, firsts, state = {}, {}, None
         for chunk in chunks:
-            load_before = os.getloadavg()[0]
-            rec, past = round_records(exp, chunk, args.repeats, subtract=chunk == share_chunk)
-            if kern is None:  # the same kernels under every mapping: timed once per I
-                kern = {
-                    "bench": "cfsl_kernels",
-                    **common,
-                    **kernels(past, num_edges, p, args.repeats),
-                }
-                kern.update(environment())
-                emit(kern, Path(args.out))
-                kerns.append(kern)
+            runners[chunk], firsts[chunk], st = first_round(exp, chunk)
+            state = st if state is None else state  # every mapping is timed from one state
+            if chunk == share:
+                runners["bare"], firsts["bare"], _ = first_round(exp, chunk, bare=True)
+        past = state.replace(round=jnp.asarray(exp.alg.cfg.split_warmup, state.round.dtype))
+        states = {
+            "labeled": past,
+            "labeling": past.replace(extra={**past.extra, "labeling_on": jnp.asarray(True)}),
+        }
+        kern = {"bench": "cfsl_kernels", **common, **kernels(past, num_edges, p, args.repeats)}
+        kern.update(environment())
+        emit(kern, Path(args.out))
+        kerns.append(kern)
+        load_before = os.getloadavg()[0]
+        times, metrics = interleaved(runners, states, args.repeats, n)
+        for chunk in chunks:
             record = {
                 "bench": "cfsl_round",
                 **common,
                 "backend": "reference" if chunk == "reference" else "jit",
                 "chunk": chunk,
-                **rec,
-                "load_1m_before": load_before,
-                "kernels_alone_s": kern["kernels_s"],
+                "first_round_s": firsts[chunk],
             }
+            for kind in states:
+                t = times[chunk][kind]
+                record[f"{kind}_round_s_median"] = float(np.median(t))
+                record[f"{kind}_round_s_all"] = t
+                record[f"{kind}_splits"] = int(metrics[kind]["splits"])
+                record[f"{kind}_pool_mean"] = float(
+                    (metrics[kind]["pseudo_labeled"] + np.sum(exp.fed.roles["labeled"].count)) / n
+                )
+                if chunk == share:
+                    # Paired: each full round against the bare one timed right after it.
+                    b = times["bare"][kind]
+                    diff = float(np.median(np.subtract(t, b)))
+                    record[f"{kind}_bare_round_s_median"] = float(np.median(b))
+                    record[f"{kind}_bare_round_s_all"] = b
+                    record[f"{kind}_clustering_s"] = diff
+                    record[f"{kind}_clustering_share"] = diff / float(np.median(t))
+            record["load_1m_before"] = load_before
+            record["kernels_alone_s"] = kern["kernels_s"]
             record.update(environment())
             emit(record, Path(args.out))
             rows.append(record)
