@@ -27,7 +27,7 @@ turns call by call (so that the other jobs on a shared machine slow them alike),
     its 140 training images, the most a round trains on.
 `finish` computes the cosine matrix of all I updates and the bipartitions of all K_max slots in
 every round (the warm-up and Eqs. 5-6 gate only which splits are granted), so both timed rounds
-run them; the `splits` field records the splits the timed round granted.
+run them; the `labeled_splits` and `labeling_splits` fields count the splits it granted.
 
 The clustering's share of the round is measured by subtraction, under one mapping
 (--share-chunk, default the first jit one): the same rounds traced again with the workers'
