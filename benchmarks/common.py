@@ -29,18 +29,28 @@ def compose(*overrides: str):
         return as_config(hydra_compose("config", overrides=list(overrides)))
 
 
+def synthetic(name: str = "fashion_mnist", n_train: int = 60000, n_test: int = 10000):
+    """Random 28 x 28 x 1 uint8 images with 10 uniform labels, Fashion-MNIST's shapes (speed
+    only), n_train + n_test of them."""
+    from fedjax_semi.data.registry import ArrayDataset
+
+    n = n_train + n_test
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, size=(n, 28, 28, 1), dtype=np.uint8)
+    y = rng.integers(0, 10, size=n).astype(np.int32)
+    return ArrayDataset(
+        name, x[:n_train], y[:n_train], x[n_train:], y[n_train:], 10, (0.5,), (0.25,)
+    )
+
+
 def dataset_or_synthetic(name: str = "fashion_mnist"):
     """The real dataset when it is found, else random data of the same shapes (speed only)."""
-    from fedjax_semi.data.registry import ArrayDataset, DatasetNotFoundError, load_dataset
+    from fedjax_semi.data.registry import DatasetNotFoundError, load_dataset
 
     try:
         return load_dataset(name), "real"
     except DatasetNotFoundError:
-        rng = np.random.default_rng(0)
-        x = rng.integers(0, 256, size=(70000, 28, 28, 1), dtype=np.uint8)
-        y = rng.integers(0, 10, size=70000).astype(np.int32)
-        ds = ArrayDataset(name, x[:60000], y[:60000], x[60000:], y[60000:], 10, (0.5,), (0.25,))
-        return ds, "synthetic"
+        return synthetic(name), "synthetic"
 
 
 def runner_for(exp, chunk: str):

@@ -128,10 +128,13 @@ def labeled_only():
     return build("algorithm.prediction_time=none")
 
 
-def test_reduces_to_two_level_fedavg(labeled_only):
+@pytest.mark.parametrize("edges", [2, 1])
+def test_reduces_to_two_level_fedavg(labeled_only, edges):
     """Acceptance 8: before any split, with no labeling and everyone selected, every root holds
-    theta0 + the data-weighted mean update of all workers (edge average, then the cloud's)."""
-    exp = labeled_only
+    theta0 + the data-weighted mean update of all workers (edge average, then the cloud's);
+    with J = 1 that is FedAvg's round."""
+    exp = labeled_only if edges == 2 else build("algorithm.prediction_time=none",
+                                                "partition.num_edges=1")  # fmt: skip
     runner = Runner(exp.alg, exp.fed, chunk="all", eval_chunk="all")
     state = runner.init()
     new, m = runner.round(state)
@@ -140,7 +143,7 @@ def test_reduces_to_two_level_fedavg(labeled_only):
     theta0 = np.asarray(flatten_clients(state.extra["cl_vars"]))[0]
     want = theta0 + (w[:, None] * delta).sum(0) / w.sum()
     after = np.asarray(flatten_clients(new.extra["cl_vars"]))
-    assert int(np.sum(new.extra["active"])) == 2  # one root per edge
+    assert int(np.sum(new.extra["active"])) == edges  # one root per edge
     for k in np.flatnonzero(np.asarray(new.extra["active"])):
         # atol: float32 sums of ~1e-2 updates, values near zero.
         np.testing.assert_allclose(after[k], want, rtol=1e-4, atol=1e-6)
@@ -184,10 +187,14 @@ def test_stopping_based_labels_only_stopped_clusters():
     """Clusters stop at the warm-up round (eps2 huge: Eq. 25 holds, Eq. 6 never): only their
     workers label, and greedy keeps k = 1 worker per stopped cluster (acceptance 13, 15)."""
     exp = build("algorithm.scenario=bmstgs", "algorithm.eps2=1e6")
-    _, state, rows = run(exp, 4)
+    runner, state, rows = run(exp, 4)
     assert [int(m["num_stopped"]) for m in rows] == [0, 0, 2, 2]
     assert [int(m["selected"]) for m in rows] == [N, N, N, 2]
     assert int(rows[2]["pseudo_labeled"]) == 0 and int(rows[3]["pseudo_labeled"]) > 0
+    # Masked training: a worker not selected has an empty pool, so its update is exactly 0.
+    plan, delta = updates(exp, runner, state)
+    sel = np.asarray(plan.sel)
+    assert sel.sum() == 2 and not delta[~sel].any() and delta[sel].any(1).all()
 
 
 def test_labeled_only_cfl_never_pseudo_labels(labeled_only):
@@ -213,8 +220,15 @@ def test_hidden_labels_never_reach_training(exp, four, name):
         b = runner.init()
         for _ in range(4):
             b, _ = runner.round(b)
+        ev_b = jax.device_get(runner.evaluate(b))
     for x, z in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(x, z)
+    # ... and they reach the labeling-accuracy metric, and no other.
+    ev_a = jax.device_get(runner.evaluate(a))
+    assert ev_b["labeling_acc"] != ev_a["labeling_acc"]
+    for key in ev_a:
+        if key != "labeling_acc":
+            np.testing.assert_array_equal(ev_a[key], ev_b[key])
 
 
 def test_evaluation_reports_worker_spread_and_labeling(exp, four):
@@ -240,13 +254,32 @@ def test_scenarios_name_the_three_axes():
         ("algorithm.selection=best", "algorithm.selection"),
         ("algorithm.max_clusters=1", "algorithm.max_clusters"),
         ("algorithm.eps1=0", "algorithm.eps1"),
+        ("algorithm.eps2=-1", "algorithm.eps2"),
+        ("algorithm.phi=-0.1", "algorithm.phi"),
+        ("partition.labeled_fraction=0", "partition.labeled_fraction"),
+        ("partition.labeled_fraction=1.5", "partition.labeled_fraction"),
         ("algorithm.cloud_tau=2", "algorithm.cloud_tau"),
     ],
 )
 def test_bad_input_one_line(override, key):
     with pytest.raises(ConfigError) as e:
-        compose_config(*BASE, override)
+        build(override)  # composing checks the algorithm's keys, building the partition's
     assert key in str(e.value) and "\n" not in str(e.value)
+
+
+def test_fewer_cluster_slots_than_edges_is_one_line():
+    """K_max < J: every edge needs its root slot."""
+    exp = build("partition.num_edges=3", "algorithm.max_clusters=2")
+    with pytest.raises(ConfigError) as e:
+        exp.alg.init(KEY, exp.fed)
+    assert "algorithm.max_clusters=2" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_more_edges_than_workers_is_one_line():
+    """J > I."""
+    with pytest.raises(ValueError) as e:
+        build(f"partition.num_edges={N + 1}")
+    assert str(e.value).startswith("partition.num_edges=") and "\n" not in str(e.value)
 
 
 def test_hfsl_refuses_clustering():
