@@ -187,8 +187,8 @@ class AdaFedSemi(Method):
             "has_pl": jnp.zeros((), bool),
             "p_agent": p_agent,
             "c_agent": c_agent,
-            "p_arm": self._draw(key, ADA_P_ARM, 0, p_agent, c.adaptive_p),  # P_1 (Eq. 18)
-            "c_arm": self._draw(key, ADA_C_ARM, 0, c_agent, c.adaptive_c),  # C_1
+            "p_arm": self._next_arm(key, ADA_P_ARM, 0, p_agent, c.adaptive_p),  # P_1 (Eq. 18)
+            "c_arm": self._next_arm(key, ADA_C_ARM, 0, c_agent, c.adaptive_c),  # C_1
             "u_prev": jnp.asarray(u0, jnp.float32),
             "traffic_gb": jnp.zeros((), jnp.float32),
             "cost": jnp.zeros((), jnp.float32),
@@ -203,7 +203,7 @@ class AdaFedSemi(Method):
             extra=extra,
         )
 
-    def _draw(self, key, purpose: int, rnd, agent, adaptive: bool) -> jax.Array:
+    def _next_arm(self, key, purpose: int, rnd, agent, adaptive: bool) -> jax.Array:
         if not adaptive:
             return jnp.zeros((), jnp.int32)
         return select_arm(round_key(key, purpose, rnd), agent, self.cfg.psi)
@@ -316,8 +316,8 @@ class AdaFedSemi(Method):
             has_pl=has_pl,
             p_agent=p_agent,
             c_agent=c_agent,
-            p_arm=self._draw(key, ADA_P_ARM, r, p_agent, c.adaptive_p),  # P_{k+1} (Eq. 18)
-            c_arm=self._draw(key, ADA_C_ARM, r, c_agent, c.adaptive_c),  # C_{k+1}
+            p_arm=self._next_arm(key, ADA_P_ARM, r, p_agent, c.adaptive_p),  # P_{k+1} (Eq. 18)
+            c_arm=self._next_arm(key, ADA_C_ARM, r, c_agent, c.adaptive_c),  # C_{k+1}
             u_prev=u_c,
             traffic_gb=traffic_gb,
             cost=cost,
