@@ -8,10 +8,12 @@ import that its registry holds exactly these names.
 from __future__ import annotations
 
 ALGORITHM_NAMES: tuple[str, ...] = (
+    "ada_fedsemi",
     "cfsl",
     "cofed",
     "dofed_spp",
     "fedavg",
+    "fedavg_p",
     "fedavg_pl",
     "fedavg_sl",
     "fedbe",
@@ -21,6 +23,7 @@ ALGORITHM_NAMES: tuple[str, ...] = (
     "fedper",
     "fedprox",
     "fedprox_sl",
+    "fedsemi",
     "fixavg",
     "fixbn",
     "fixprox",

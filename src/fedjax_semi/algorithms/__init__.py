@@ -1,6 +1,7 @@
 """Algorithms by name. Importing this package registers every built-in method."""
 
 from fedjax_semi.algorithms import (  # noqa: F401  (register methods)
+    ada_fedsemi,
     cfsl,
     cofed,
     dofed_spp,

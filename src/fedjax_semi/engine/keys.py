@@ -91,9 +91,12 @@ FEDMD_ALIGN = 74  # each round's alignment subset of the public set
 FEDMD_DIGEST_SAMPLE = 75  # digest: minibatch order over the alignment subset
 FEDMD_DIGEST_DROPOUT = 76  # its dropout
 
-# ---- Ada-FedSemi (80-81): the two bandits' draws (kernels.bandit.select_arm) ---------------
+# ---- Ada-FedSemi (80-84): its clients train on SAMPLE and DROPOUT --------------------------
 ADA_P_ARM = 80  # the P agent's arm for the next round (Eq. 18)
 ADA_C_ARM = 81  # the C agent's arm for the next round (Eq. 18)
+ADA_SELECT = 82  # the round's participants: a permutation of all M clients (Alg. 1 line 4)
+ADA_SERVER_SAMPLE = 83  # the server's epoch over the pseudo-labeled samples: their order (Eq. 7)
+ADA_SERVER_DROPOUT = 84  # its dropout
 
 # ---- CFSL (90-92; algorithms.cfsl): its local training draws on SAMPLE and DROPOUT -------------
 CFSL_DEVICES = 90  # each worker's fixed transmit power, CPU frequency and distance

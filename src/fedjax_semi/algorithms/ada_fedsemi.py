@@ -1,0 +1,415 @@
+"""Ada-FedSemi: federated learning with server-side unlabeled data and adaptive client and data
+selection (Xu et al., "Enhancing Federated Learning with Server-Side Unlabeled Data by Adaptive
+Client and Data Selection": Algorithms 1-2, Eqs. 2-18), and its baselines FedSemi-P-C (P and C
+fixed) and FedAvg-P (FedSemi-P-1.0: no pseudo-label is ever selected).
+
+    init: w_1; u_{0,C} = acc(w_1; D_V); two Boltzmann agents (r_hat = q0) draw P_1, C_1 (Eq. 18)
+    each round k (one compiled program; every shape is independent of P_k and C_k):
+      prepare   n_k = ceil(P_k M); the first n_k of a random permutation of all M clients are
+                selected (Alg. 1 line 4); the others get an empty table, so they train nothing
+      clients   tau SGD steps with momentum from the broadcast w_k at eta_k (Eq. 4; stateless)
+      finish    w_{k+1/2} = sum N_m w_{k,m} / sum N_m over the selected (Eq. 5)
+                teacher = gamma w_{k+1/2} + (1 - gamma) teacher (Eq. 12; round 1: w_{1+1/2})
+                every R rounds: the teacher labels the pool D_U (Eqs. 2, 6)
+                D_{k,U} = {j: a_j > C_k}; w_{k+1} = one SGD epoch of w_{k+1/2} on it (Eq. 7)
+                u_P, u_C = acc(w_{k+1/2}; D_V), acc(w_{k+1}; D_V) (decisions only, never training)
+                t_k, b_k, Phi_k (Eqs. 8-10); rewards (Eqs. 14-16); agents updated (Eq. 17; the
+                C agent only once pseudo-labels exist) and P_{k+1}, C_{k+1} drawn (Eq. 18)
+
+The learning rate eta_k is Eq. 13's, for the clients and the server alike. Time is simulated:
+state.sim_time advances by t_k (seconds) and never reads the wall clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from fedjax_semi.algorithms.ada_fedsemi_config import AdaFedSemiConfig, participant_counts
+from fedjax_semi.algorithms.base import (
+    ClientTable,
+    FLState,
+    Mapper,
+    Method,
+    RoundShared,
+    client_accuracy,
+    cohort_metrics,
+    register,
+)
+from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
+from fedjax_semi.engine import aggregate
+from fedjax_semi.engine.keys import (
+    ADA_C_ARM,
+    ADA_P_ARM,
+    ADA_SELECT,
+    ADA_SERVER_DROPOUT,
+    ADA_SERVER_SAMPLE,
+    DROPOUT,
+    INIT,
+    SAMPLE,
+    client_key,
+    round_key,
+)
+from fedjax_semi.engine.train import (
+    Schedule,
+    evaluate_indices,
+    evaluate_row,
+    local_train,
+    make_optimizer,
+)
+from fedjax_semi.errors import bad
+from fedjax_semi.kernels import ada_schedule
+from fedjax_semi.kernels.bandit import bandit_init, select_arm, update_arm
+from fedjax_semi.systems import ada_cost, wireless
+
+PyTree = Any
+
+POOL, VAL = "server_unlabeled", "server_val"  # the ada partition's server sets
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+def teacher_ema(w_half: PyTree, teacher: PyTree, gamma: float, first: jax.Array) -> PyTree:
+    """Eq. 12: gamma w_{k+1/2} + (1 - gamma) w~_{k-1}; w_{1+1/2} itself in round 1 (`first`)."""
+    return jax.tree.map(
+        lambda a, b: jnp.where(first, a, gamma * a + (1.0 - gamma) * b).astype(a.dtype),
+        w_half,
+        teacher,
+    )
+
+
+def pseudo_label(model, variables: PyTree, x: jax.Array, idx: jax.Array, batch: int):
+    """Eqs. 2 and 6: the teacher's confidence a_j = max_q p_jq and label argmax_q p_jq of every
+    pool sample idx [N] (deterministic forward, in chunks of `batch`) -> (f32 [N], int32 [N])."""
+    n = idx.shape[0]
+    nb = -(-n // batch)
+    padded = jnp.pad(idx, (0, nb * batch - n)).reshape(nb, batch)
+
+    def one(ids):
+        logits, _ = model.apply(variables, x[ids])
+        p = jax.nn.softmax(logits.astype(jnp.float32), -1)
+        return jnp.max(p, -1), jnp.argmax(p, -1).astype(jnp.int32)
+
+    conf, yhat = jax.lax.map(one, padded)
+    return conf.reshape(-1)[:n], yhat.reshape(-1)[:n]
+
+
+def confident(conf: jax.Array, threshold: jax.Array, has_pl: jax.Array) -> jax.Array:
+    """D_{k,U}: a_j > C_k (strict, the paper's set definition, so C = 1.0 selects nothing) once
+    pseudo-labels exist. bool [N]."""
+    return has_pl & (conf > threshold)
+
+
+# ----------------------------------------------------------------------------- the method
+
+
+@struct.dataclass
+class AdaPlan:
+    """prepare -> finish: the selection sel bool [M] and n_k int32 [], and what the server's
+    phase reads of the training view (inputs x, visible labels y, pool and validation ids)."""
+
+    sel: jax.Array
+    n: jax.Array
+    x: jax.Array
+    y: jax.Array
+    pool: jax.Array
+    val: jax.Array
+
+
+@dataclasses.dataclass
+class AdaFedSemi(Method):
+    cfg: AdaFedSemiConfig
+    name: str = "ada_fedsemi"
+    oracle: bool = False
+    has_global_model: bool = True
+    roles: tuple[str, ...] = ("labeled", "test")
+    server_training: bool = True  # false: FedAvg-P (no pool pass, no server epoch)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        c = self.cfg
+        # A fixed P or C is a one-arm grid that is never updated.
+        self.p_values = tuple(c.p_arms) if c.adaptive_p else (c.fixed_p,)
+        self.c_values = tuple(c.c_arms) if c.adaptive_c else (c.fixed_c,)
+        self.n_table = participant_counts(self.p_values, self.num_clients)
+        params = wireless.param_count(self.template["params"])
+        self.model_bytes = float(c.model_bytes) if c.model_bytes else 4.0 * params
+        self.server_schedule = Schedule(c.server_batch, 1, 0)  # one epoch (Eq. 7)
+        self.global_eval_model = self.model.with_conv("xla")  # forward passes of one model
+
+    def lr_at(self, rnd: jax.Array) -> jax.Array:
+        """eta_k of round k (Eq. 13, round 1 at eta_max; or the constant eta_max)."""
+        c = self.cfg
+        if c.lr_schedule == "constant":
+            return jnp.float32(c.lr)
+        return ada_schedule.cosine_restart_lr(rnd, c.lr, c.eta_min, c.lr_restart)
+
+    def _tx(self, eta: jax.Array):
+        c = self.cfg  # a fresh optimizer each round: momentum is reset (clients and server)
+        return make_optimizer(c.optimizer, eta, c.momentum, c.weight_decay)
+
+    def _val_acc(self, variables: PyTree, x, y, val) -> jax.Array:
+        """Validation accuracy in percentage points (the unit of Eqs. 14-16)."""
+        r = evaluate_indices(self.global_eval_model, variables, x, y, val, self.eval_batch)
+        return 100.0 * r["accuracy"]
+
+    # ------------------------------------------------------------------ state
+
+    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
+        c = self.cfg
+        for name, what in ((POOL, "unlabeled pool"), (VAL, "validation set")):
+            if name not in fed.server:
+                raise bad(
+                    "partition.scheme",
+                    "(not ada)",
+                    f"'ada' for algorithm {self.name} (it needs the server's {what})",
+                )
+            if fed.server[name].shape[0] == 0:
+                knob = "labeled_fraction" if name == POOL else "val_fraction"
+                raise bad(f"partition.{knob}", "(empty)", f"a non-empty server {what}")
+        gv = self.model.init(client_key(key, INIT, 0, 0))
+        n_pool = fed.server[POOL].shape[0]
+        if c.init_val_acc == "measure":  # [REC] instead of Alg. 1's 0 (docs/choices.md A7)
+            u0 = self._val_acc(gv, fed.x, fed.y, fed.server[VAL])
+        else:
+            u0 = jnp.float32(0.0)
+        p_agent = bandit_init(len(self.p_values), c.q0)
+        c_agent = bandit_init(len(self.c_values), c.q0)
+        extra = {
+            "teacher": gv,
+            "conf": jnp.zeros((n_pool,), jnp.float32),
+            "yhat": jnp.zeros((n_pool,), jnp.int32),
+            "has_pl": jnp.zeros((), bool),
+            "p_agent": p_agent,
+            "c_agent": c_agent,
+            "p_arm": self._next_arm(key, ADA_P_ARM, 0, p_agent, c.adaptive_p),  # P_1 (Eq. 18)
+            "c_arm": self._next_arm(key, ADA_C_ARM, 0, c_agent, c.adaptive_c),  # C_1
+            "u_prev": jnp.asarray(u0, jnp.float32),
+            "traffic_gb": jnp.zeros((), jnp.float32),
+            "cost": jnp.zeros((), jnp.float32),
+            "done": jnp.zeros((), bool),
+        }
+        return FLState(
+            round=jnp.zeros((), jnp.int32),
+            global_vars=gv,
+            client_vars={},
+            client_opt={},
+            sim_time=jnp.zeros((), jnp.float32),
+            extra=extra,
+        )
+
+    def _next_arm(self, key, purpose: int, rnd, agent, adaptive: bool) -> jax.Array:
+        if not adaptive:
+            return jnp.zeros((), jnp.int32)
+        return select_arm(round_key(key, purpose, rnd), agent, self.cfg.psi)
+
+    # ------------------------------------------------------------------ one round
+
+    def prepare(self, state: FLState, data: TrainView, key: jax.Array):
+        ex, m = state.extra, self.num_clients
+        r = state.round + 1
+        n = jnp.asarray(self.n_table, jnp.int32)[ex["p_arm"]]
+        # n_k of a permutation of all M clients: one compiled round serves every arm.
+        perm = jax.random.permutation(round_key(key, ADA_SELECT, r), m)
+        rank = jnp.zeros((m,), jnp.int32).at[perm].set(jnp.arange(m, dtype=jnp.int32))
+        sel = (rank < n) & ~ex["done"]
+        lab = data.roles["labeled"]
+        inputs = ClientTable(jnp.arange(m), RoleTable(lab.idx, jnp.where(sel, lab.count, 0)))
+        shared = RoundShared(state.global_vars, data.x, data.y, state.round, key)
+        plan = AdaPlan(sel, n, data.x, data.y, data.server[POOL], data.server[VAL])
+        return plan, inputs, shared
+
+    def client_update(self, inp: ClientTable, shared: RoundShared) -> dict:
+        eta = self.lr_at(shared.round + 1)
+        new, _, stats = self.train_client(
+            shared.models, inp.table, shared, inp.id, SAMPLE, DROPOUT, tx=self._tx(eta)
+        )
+        return {"vars": new, "weight": inp.table.count.astype(jnp.float32), **stats}
+
+    def _server_epoch(self, w_half, plan: AdaPlan, yhat, mask, eta, key, r):
+        """Eq. 7 as one epoch of mini-batch SGD over D_{k,U} (docs/choices.md A2): the selected
+        pool samples first (a table of count n_sel), shuffled by `local_scan`'s epoch order;
+        steps past them are skipped, so nothing changes when none is selected."""
+        order = jnp.argsort(~mask, stable=True)
+        table = RoleTable(plan.pool[order], jnp.sum(mask).astype(jnp.int32))
+        tx = self._tx(eta)
+        new, _, stats = local_train(
+            self.objective,
+            tx,
+            w_half,
+            tx.init(w_half["params"]),
+            plan.x,
+            plan.y,
+            table,
+            self.server_schedule,
+            round_key(key, ADA_SERVER_SAMPLE, r),
+            round_key(key, ADA_SERVER_DROPOUT, r),
+            extras={"y": yhat[order]},  # the pseudo-labels, never the hidden labels
+        )
+        return new, stats
+
+    def finish(self, state: FLState, plan: AdaPlan, out, key: jax.Array):
+        c, ex = self.cfg, state.extra
+        r = state.round + 1
+        eta = self.lr_at(r)
+        w_half = aggregate.weighted_mean(out["vars"], out["weight"])  # Eq. 5
+        teacher = teacher_ema(w_half, ex["teacher"], c.gamma, r == 1)  # Eq. 12
+        thresh = jnp.asarray(self.c_values, jnp.float32)[ex["c_arm"]]
+        zero = jnp.zeros((), jnp.float32)
+        if self.server_training:
+            relabel = r % c.relabel_every == 0
+            conf, yhat = jax.lax.cond(
+                relabel,
+                lambda: pseudo_label(
+                    self.global_eval_model, teacher, plan.x, plan.pool, self.eval_batch
+                ),
+                lambda: (ex["conf"], ex["yhat"]),
+            )
+            has_pl = ex["has_pl"] | relabel
+            mask = confident(conf, thresh, has_pl)
+            w_next, sstats = self._server_epoch(w_half, plan, yhat, mask, eta, key, r)
+            server_loss, server_steps = sstats["loss"], sstats["steps"]
+        else:  # FedAvg-P: no pseudo-label can pass C = 1.0, so no pool pass at all
+            conf, yhat, has_pl = ex["conf"], ex["yhat"], ex["has_pl"]
+            mask = jnp.zeros(plan.pool.shape, bool)
+            w_next, server_loss, server_steps = w_half, zero, jnp.zeros((), jnp.int32)
+        n_pl = jnp.sum(mask).astype(jnp.int32)
+
+        # Decisions: validation accuracies (D_V never trains), cost, rewards, agents.
+        u_p = self._val_acc(w_half, plan.x, plan.y, plan.val)
+        u_c = self._val_acc(w_next, plan.x, plan.y, plan.val)
+        m = self.num_clients
+        rc = ada_cost.round_cost(
+            jnp.full((m,), c.client_time_s, jnp.float32), plan.sel, n_pl, c.alpha,
+            self.model_bytes, c.t_p, c.traffic_directions,
+        )  # fmt: skip
+        phi = jnp.where(rc.cost > 0, rc.cost, 1.0)  # 0 only once the run is over
+        du_p, du_c = ada_schedule.accuracy_changes(u_p, u_c, ex["u_prev"])  # Eqs. 14-15
+        r_p, r_c = ada_schedule.reward(du_p, phi), ada_schedule.reward(du_c, phi)  # Eq. 16
+        p_agent, c_agent = ex["p_agent"], ex["c_agent"]
+        if c.adaptive_p:
+            p_agent = update_arm(p_agent, ex["p_arm"], r_p, c.beta)  # Eq. 17
+        if c.adaptive_c:  # the C decision had no effect before any pseudo-label (A11)
+            upd = update_arm(c_agent, ex["c_arm"], r_c, c.beta)
+            c_agent = jax.tree.map(lambda a, b: jnp.where(has_pl, a, b), upd, c_agent)
+
+        sim_time = state.sim_time + rc.time_s
+        traffic_gb = ex["traffic_gb"] + rc.traffic_bytes / ada_cost.BYTES_PER_GB
+        cost = ex["cost"] + rc.cost
+        over = ada_cost.over_budget(
+            sim_time / ada_cost.SEC_PER_MIN,
+            traffic_gb,
+            jnp.inf if c.time_budget_min is None else c.time_budget_min,
+            jnp.inf if c.traffic_budget_gb is None else c.traffic_budget_gb,
+        )
+        reached = c.stop_on_target & (u_c >= (c.target_acc or 0.0))
+        new_extra = dict(
+            ex,
+            teacher=teacher,
+            conf=conf,
+            yhat=yhat,
+            has_pl=has_pl,
+            p_agent=p_agent,
+            c_agent=c_agent,
+            p_arm=self._next_arm(key, ADA_P_ARM, r, p_agent, c.adaptive_p),  # P_{k+1} (Eq. 18)
+            c_arm=self._next_arm(key, ADA_C_ARM, r, c_agent, c.adaptive_c),  # C_{k+1}
+            u_prev=u_c,
+            traffic_gb=traffic_gb,
+            cost=cost,
+            done=ex["done"] | over | reached,
+        )
+        new = state.replace(global_vars=w_next, sim_time=sim_time, extra=new_extra)
+        # A run whose budget is spent (or target reached) has ended: its state stays as it was.
+        new = jax.tree.map(lambda a, b: jnp.where(ex["done"], b, a), new, state)
+        new = new.replace(round=r)
+
+        metrics = cohort_metrics(jnp.arange(m, dtype=jnp.int32), out, out["vars"])
+        metrics.update(
+            selected=plan.sel,
+            P=jnp.asarray(self.p_values, jnp.float32)[ex["p_arm"]],
+            C=thresh,
+            n=jnp.sum(plan.sel).astype(jnp.int32),
+            lr=eta,
+            num_pseudo=n_pl,
+            server_loss=server_loss,
+            server_steps=server_steps,
+            # Scored on the host against the hidden labels (engine.loop: pl_acc); never read
+            # by training.
+            pl_index=plan.pool[None],
+            pl_label=jnp.where(mask, yhat, -1)[None],
+            val_acc_half=u_p,
+            val_acc=u_c,
+            reward_p=r_p,
+            reward_c=r_c,
+            round_time_s=rc.time_s,
+            round_traffic_gb=rc.traffic_bytes / ada_cost.BYTES_PER_GB,
+            round_cost=rc.cost,
+            cum_time_min=new.sim_time / ada_cost.SEC_PER_MIN,
+            cum_traffic_gb=new.extra["traffic_gb"],
+            cum_cost=new.extra["cost"],
+            done=new.extra["done"],
+        )
+        return new, metrics
+
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
+        """Test accuracy of the global model w_{k+1} and of the teacher (Fig. 15), and each
+        client's accuracy on its own test split with the global model."""
+        test_ids = fed.server["test_global"]
+        g = evaluate_indices(
+            self.global_eval_model, state.global_vars, fed.x, fed.eval_y, test_ids,
+            self.eval_batch,
+        )  # fmt: skip
+        t = evaluate_indices(
+            self.global_eval_model, state.extra["teacher"], fed.x, fed.eval_y, test_ids,
+            self.eval_batch,
+        )  # fmt: skip
+        test = fed.roles["test"]
+        if fed.test_in_global:
+            full = jnp.zeros(fed.x.shape[0], bool).at[test_ids].set(g["correct"])
+            r = {"correct": jnp.sum(full[test.idx] & test.mask, axis=1), "count": test.count}
+        else:
+            one = lambda inp, v, x, y: evaluate_row(self.model, v, x, y, inp["table"])
+            r = mapper(one, {"table": test}, state.global_vars, fed.x, fed.eval_y)
+        client_acc, personal = client_accuracy(r)
+        return {
+            "accuracy": g["accuracy"],
+            "global_acc": g["accuracy"],
+            "global_loss": g["loss"],
+            "teacher_acc": t["accuracy"],
+            "client_acc": client_acc,
+            "personal_acc": personal,
+        }
+
+
+def _fixed(cfg: AdaFedSemiConfig, name: str) -> None:
+    for key in ("adaptive_p", "adaptive_c"):
+        if getattr(cfg, key):
+            raise bad(f"algorithm.{key}", True, f"false for algorithm {name} (P and C fixed)")
+
+
+@register("ada_fedsemi", AdaFedSemiConfig)
+def ada_fedsemi(cfg: AdaFedSemiConfig, **kw) -> AdaFedSemi:
+    return AdaFedSemi(cfg, **kw)
+
+
+@register("fedsemi", AdaFedSemiConfig)
+def fedsemi(cfg: AdaFedSemiConfig, **kw) -> AdaFedSemi:
+    """FedSemi-P-C: the same pipeline with both agents off (P = fixed_p, C = fixed_c)."""
+    _fixed(cfg, "fedsemi")
+    return AdaFedSemi(cfg, name="fedsemi", **kw)
+
+
+@register("fedavg_p", AdaFedSemiConfig)
+def fedavg_p(cfg: AdaFedSemiConfig, **kw) -> AdaFedSemi:
+    """FedAvg-P = FedSemi-P-1.0: client data only (the pool pass and server epoch left out)."""
+    _fixed(cfg, "fedavg_p")
+    if cfg.fixed_c != 1.0:
+        raise bad("algorithm.fixed_c", cfg.fixed_c, "1.0 for algorithm fedavg_p")
+    return AdaFedSemi(cfg, name="fedavg_p", server_training=False, **kw)

@@ -1,0 +1,237 @@
+"""Ada-FedSemi, FedSemi-P-C and FedAvg-P end to end on a tiny ada partition of digits (8x8):
+M = 10 clients, a server unlabeled pool and validation set. Exact participant counts and one
+compiled round for every P arm (spec acceptance 1, 5), the cost bookkeeping (15), C = 1.0
+selects nothing and FedSemi-P-1.0 = FedAvg-P bit for bit (7, 8), the server epoch's step count
+and its skip (9), chunk=1 = chunk=all = the reference loop, the validation set and the pool's
+hidden labels never train anything, and one-line errors for bad input. The kernels:
+test_bandit.py, test_ada_cost.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import compose_config, swapped_data
+from fedjax_semi import experiment
+from fedjax_semi.algorithms.ada_fedsemi_config import participant_counts
+from fedjax_semi.engine.loop import pseudo_label_accuracy
+from fedjax_semi.errors import ConfigError
+from fedjax_semi.kernels.bandit import P_ARMS, participants
+
+M = 10
+BASE = [
+    "partition=ada",
+    f"num_clients={M}",
+    f"clients_per_round={M}",
+    "partition.labeled_fraction=0.3",
+    "algorithm.local_steps=3",
+    "algorithm.batch_size=16",
+    "algorithm.server_batch=64",
+    "algorithm.lr=0.1",
+]
+
+
+def build(*extra: str):
+    return experiment.build(compose_config(*BASE, *extra))
+
+
+def run(runner, rounds: int, state=None):
+    """(states after rounds 0..rounds, each round's metrics and evaluation)."""
+    state = runner.init() if state is None else state
+    states, rows = [state], []
+    for _ in range(rounds):
+        state, m = runner.round(state)
+        rows.append(jax.device_get({**m, **runner.evaluate(state)}))
+        states.append(state)
+    return states, rows
+
+
+def assert_same_tree(a, b, msg=""):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=msg)
+
+
+@pytest.fixture(scope="module")
+def ada():
+    return build("algorithm=ada_fedsemi")
+
+
+@pytest.fixture(scope="module")
+def fixed():
+    """FedSemi-0.5-0.2: a low threshold (10 classes), so pseudo-labels pass from round 1."""
+    return build("algorithm=fedsemi", "algorithm.fixed_p=0.5", "algorithm.fixed_c=0.2")
+
+
+def test_participant_counts_are_exact():
+    want = tuple(range(2, 21, 2))  # ceil(P M) for M = 20: 0.3 -> 6, 0.7 -> 14
+    assert participant_counts(P_ARMS, 20) == want
+    assert tuple(int(n) for n in participants(jnp.arange(10), 20)) == want
+    assert participant_counts([0.1 + 0.2], 20) == (7,)  # the float 0.30000000000000004 is > 0.3
+
+
+def test_every_p_arm_selects_ceil_pm_clients_in_one_compiled_round(ada):
+    """All ten P arms through the same compiled round (the arm is state, not a shape), with
+    n_k = ceil(P_k M) distinct participants; the round's time, traffic and their sums."""
+    runner = ada.runner(chunk=1, eval_chunk=1)
+    state = runner.init()
+    alg, c = ada.alg, ada.cfg.algorithm
+    sim_time = traffic = 0.0
+    for arm in range(10):
+        state = state.replace(extra={**state.extra, "p_arm": jnp.int32(arm)})
+        state, m = runner.round(state)
+        m = jax.device_get(m)
+        n = math.ceil((arm + 1) * M / 10)
+        assert int(m["n"]) == n == int(np.sum(m["selected"])), arm
+        assert np.all(m["client_loss"][~m["selected"]] == 0)  # unselected: no step
+        t = c.client_time_s + c.t_p * int(m["num_pseudo"])
+        b = n * 2 * alg.model_bytes / 1e9
+        np.testing.assert_allclose(m["round_time_s"], t, rtol=1e-6)
+        np.testing.assert_allclose(m["round_traffic_gb"], b, rtol=1e-6)
+        sim_time, traffic = sim_time + t, traffic + b
+        np.testing.assert_allclose(m["cum_time_min"], sim_time / 60, rtol=1e-5)
+        np.testing.assert_allclose(m["cum_traffic_gb"], traffic, rtol=1e-5)
+        want_phi = c.alpha * t / 60 + (1 - c.alpha) * b
+        np.testing.assert_allclose(m["round_cost"], want_phi, rtol=1e-5)
+    assert runner._round._cache_size() == 1  # no recompilation across the arms
+    np.testing.assert_allclose(float(state.sim_time), sim_time, rtol=1e-5)
+
+
+def test_fedsemi_with_c_one_is_fedavg_p_bit_for_bit():
+    """C = 1.0 selects nothing (strict >), so the server epoch is skipped (w_{k+1} = w_{k+1/2})
+    and FedSemi-P-1.0, which still relabels the pool, equals FedAvg-P, which never does."""
+    common = ["algorithm.fixed_p=0.4", "algorithm.fixed_c=1.0"]
+    semi = build("algorithm=fedsemi", *common)
+    avg = build("algorithm=fedavg_p", *common)
+    sa, ra = run(semi.runner(chunk=1, eval_chunk=1), 3)
+    sb, rb = run(avg.runner(chunk=1, eval_chunk=1), 3)
+    for a, b in zip(ra, rb, strict=True):
+        assert int(a["num_pseudo"]) == 0 and int(a["server_steps"]) == 0
+        assert a["val_acc"] == a["val_acc_half"]  # nothing trained on the server
+        for key in ("val_acc", "accuracy", "train_loss", "round_time_s", "cum_cost"):
+            assert a[key] == b[key], key
+    assert_same_tree(sa[-1].global_vars, sb[-1].global_vars)
+    assert bool(sa[-1].extra["has_pl"]) and not bool(sb[-1].extra["has_pl"])
+
+
+def test_server_epoch_runs_ceil_n_over_b_steps(fixed):
+    _, rows = run(fixed.runner(chunk=1, eval_chunk=1), 2)
+    for m in rows:
+        n = int(m["num_pseudo"])
+        assert 0 < n < len(fixed.fed.server["server_unlabeled"])
+        assert int(m["server_steps"]) == -(-n // fixed.cfg.algorithm.server_batch)
+        assert int(np.sum(m["pl_label"] >= 0)) == n
+
+
+def test_chunk_and_reference_agree(ada):
+    """chunk=1 (lax.map), chunk=all (one vmap) and the reference loop: the same decisions
+    exactly, the same numbers to float32 rounding (atol 1e-4: a vmap batches the clients'
+    matmuls, which changes the order of float32 sums; the arithmetic is otherwise the same)."""
+    results = {
+        "chunk=1": run(ada.runner(chunk=1, eval_chunk=1), 3),
+        "chunk=all": run(ada.runner(chunk="all", eval_chunk="all"), 3),
+        "reference": run(ada.runner(backend="reference"), 3),
+    }
+    ref_states, ref_rows = results["reference"]
+    for label, (states, rows) in results.items():
+        for r, (a, b) in enumerate(zip(rows, ref_rows, strict=True)):
+            for key in ("P", "C", "n", "selected"):
+                np.testing.assert_array_equal(a[key], b[key], err_msg=f"{label} {r} {key}")
+            for key in ("val_acc", "val_acc_half", "accuracy", "client_acc", "train_loss",
+                        "reward_p", "reward_c", "cum_cost"):  # fmt: skip
+                np.testing.assert_allclose(
+                    a[key], b[key], atol=1e-4, err_msg=f"{label} round {r} {key}"
+                )
+            assert abs(int(a["num_pseudo"]) - int(b["num_pseudo"])) <= 1  # a conf at C
+        pairs = zip(
+            jax.tree.leaves(states[-1].global_vars),
+            jax.tree.leaves(ref_states[-1].global_vars),
+            strict=True,
+        )
+        for x, y in pairs:
+            np.testing.assert_allclose(x, y, atol=1e-4, err_msg=label)
+
+
+def corrupt(fed, name: str, visible: bool):
+    """Shift the labels of the server set `name` by one class (the visible ones too when
+    `visible`: the validation set's labels are the server's)."""
+    idx = np.asarray(fed.server[name])
+    new = lambda y: jnp.asarray(y).at[idx].set((jnp.asarray(y)[idx] + 1) % fed.num_classes)
+    return dataclasses.replace(fed, y=new(fed.y) if visible else fed.y, eval_y=new(fed.eval_y))
+
+
+def test_validation_set_never_trains(fixed, ada):
+    """Bandits off: corrupted validation labels change the validation accuracies (the rewards'
+    input) and nothing that was trained. Bandits on: round 1's draws come before any reward, so
+    its trained model is the same too."""
+    runner = fixed.runner(chunk=1, eval_chunk=1)
+    states, rows = run(runner, 2)
+    with swapped_data(runner, corrupt(fixed.fed, "server_val", visible=True)) as r:
+        bad_states, bad_rows = run(r, 2, r.alg.init(jax.random.PRNGKey(0), r.fed))
+    assert_same_tree(states[-1].global_vars, bad_states[-1].global_vars)
+    assert_same_tree(states[-1].extra["teacher"], bad_states[-1].extra["teacher"])
+    assert rows[-1]["val_acc"] != bad_rows[-1]["val_acc"]
+    assert rows[-1]["accuracy"] == bad_rows[-1]["accuracy"]
+
+    runner = ada.runner(chunk=1, eval_chunk=1)
+    states, _ = run(runner, 1)
+    with swapped_data(runner, corrupt(ada.fed, "server_val", visible=True)) as r:
+        bad_states, _ = run(r, 1, r.alg.init(jax.random.PRNGKey(0), r.fed))
+    assert_same_tree(states[1].global_vars, bad_states[1].global_vars)
+    assert not np.array_equal(states[1].extra["u_prev"], bad_states[1].extra["u_prev"])
+
+
+def test_hidden_pool_labels_change_only_the_pseudo_label_accuracy(fixed):
+    runner = fixed.runner(chunk=1, eval_chunk=1)
+    states, rows = run(runner, 2)
+    bad_fed = corrupt(fixed.fed, "server_unlabeled", visible=False)
+    with swapped_data(runner, bad_fed) as r:
+        bad_states, bad_rows = run(r, 2)
+    assert_same_tree(states, bad_states)
+    assert_same_tree(rows, bad_rows)  # every metric the round reports, the evaluation's too
+    acc = pseudo_label_accuracy(rows[-1]["pl_index"], rows[-1]["pl_label"], fixed.fed.eval_y)
+    bad = pseudo_label_accuracy(rows[-1]["pl_index"], rows[-1]["pl_label"], bad_fed.eval_y)
+    assert acc is not None and acc != bad  # the only number that reads them
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["algorithm.p_arms=[0.5,1.2]"], "algorithm.p_arms"),
+        (["algorithm.p_arms=[0.0,0.5]"], "algorithm.p_arms"),
+        (["algorithm.c_arms=[-0.1,0.9]"], "algorithm.c_arms"),
+        (["algorithm.fixed_c=1.5"], "algorithm.fixed_c"),
+        (["algorithm.alpha=1.5"], "algorithm.alpha"),
+        (["algorithm.alpha=-0.1"], "algorithm.alpha"),
+        (["algorithm.time_budget_min=0"], "algorithm.time_budget_min"),
+        (["algorithm.traffic_budget_gb=-1"], "algorithm.traffic_budget_gb"),
+        (["algorithm.beta=0"], "algorithm.beta"),
+        (["algorithm.gamma=0"], "algorithm.gamma"),
+        (["algorithm.relabel_every=0"], "algorithm.relabel_every"),
+        (["algorithm=fedsemi", "algorithm.adaptive_p=true"], "algorithm.adaptive_p"),
+        (["algorithm=fedavg_p", "algorithm.fixed_c=0.9"], "algorithm.fixed_c"),
+    ],
+)
+def test_bad_config_is_one_line(overrides, key):
+    with pytest.raises(ConfigError) as e:
+        experiment.build(compose_config(*BASE, *(["algorithm=ada_fedsemi"] + overrides)))
+    assert str(e.value).startswith(key + "=") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["partition.labeled_fraction=1.0"], "partition.labeled_fraction"),  # no pool left
+        (["partition.val_fraction=0.0"], "partition.val_fraction"),  # no validation set
+        (["partition=dirichlet"], "partition.scheme"),  # no server sets at all
+    ],
+)
+def test_empty_pool_or_validation_set_fails_before_training(overrides, key):
+    with pytest.raises(ValueError) as e:  # ConfigError, or the partition's own ValueError
+        exp = experiment.build(compose_config(*BASE, "algorithm=ada_fedsemi", *overrides))
+        exp.runner().init()  # the initial state: before any round
+    assert str(e.value).startswith(key + "=") and "\n" not in str(e.value)
