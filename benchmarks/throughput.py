@@ -220,14 +220,49 @@ def run_workload(w: Workload, args, peak: float, env: dict, **scale) -> list[dic
     return records
 
 
-def interleaved(w: Workload, args, env: dict) -> list[dict]:
-    """--interleave: every contender (each --convs x --chunks engine runner, each
-    --torch-threads PyTorch loop, and the dense matmul) compiled or warmed once, then timed one
-    round at a time in turn, --repeats passes in a rotating order, so that a drift of the
-    machine's speed (other jobs, another VM on the host) falls on all of them alike. Ratios are
-    of medians over the passes."""
+def _torch_worker(conn, workload: str, threads: int) -> None:
+    """A PyTorch loop in its own process, one round per request (see TorchWorker)."""
     import torch_loop
 
+    w = WORKLOADS[workload]
+    ds = synthetic_dataset(w)
+    split = torch_loop.iid_split(w.clients, w.per_client)
+    x = (ds.x_train, ds.y_train, split, ds.x_test, ds.y_test, ds.mean, ds.std)
+    fl = torch_loop.TorchFedAvg(w, *x, seed=0, threads=threads)
+    conn.send("ready")
+    while (msg := conn.recv()) != "stop":
+        conn.send(fl.round() if msg == "round" else fl.evaluate())
+
+
+class TorchWorker:
+    """The PyTorch loop in a process of its own, timed a round at a time on request. In the
+    engine's process torch's OpenMP threads and XLA's thread pool contend: a W0 round with two
+    torch threads took 13.5 s there against 2.3 s alone."""
+
+    def __init__(self, workload: str, threads: int) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_torch_worker, args=(child, workload, threads))
+        self.proc.start()
+        assert self.conn.recv() == "ready"
+
+    def round(self) -> float:
+        self.conn.send("round")
+        return self.conn.recv()
+
+    def close(self) -> None:
+        self.conn.send("stop")
+        self.proc.join()
+
+
+def interleaved(w: Workload, args, env: dict) -> list[dict]:
+    """--interleave: every contender (each --convs x --chunks engine runner, each
+    --torch-threads PyTorch loop in a process of its own, and the dense matmul) compiled or
+    warmed once, then timed one round at a time in turn, --repeats passes in a rotating order,
+    so that a drift of the machine's speed (other jobs, another VM on the host) falls on all of
+    them alike. Ratios are of medians over the passes."""
     ds = synthetic_dataset(w)
     overrides = w.overrides()
     exp = experiment.build(compose(*overrides), dataset=ds)
@@ -241,10 +276,7 @@ def interleaved(w: Workload, args, env: dict) -> list[dict]:
             runner = runner_for(exp, chunk)
             contenders[f"engine conv={conv or '-'} chunk={chunk}"] = [runner, runner.init()]
     for threads in torch_threads(args) if args.torch and not w.extra else ():
-        x = (ds.x_train, ds.y_train, client_indices(exp), ds.x_test, ds.y_test, ds.mean, ds.std)
-        contenders[f"pytorch_loop threads={threads}"] = torch_loop.TorchFedAvg(
-            w, *x, seed=0, threads=threads
-        )
+        contenders[f"pytorch_loop threads={threads}"] = TorchWorker(w.name, threads)
     n = 8192 if jax.default_backend() == "gpu" else 2048
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
     matmul = jax.jit(lambda a: a @ a)
@@ -270,6 +302,9 @@ def interleaved(w: Workload, args, env: dict) -> list[dict]:
         jax.block_until_ready(matmul(a))
         peaks.append(2 * n**3 / (time.perf_counter() - t0))
     peak = float(np.median(peaks))
+    for c in contenders.values():
+        if isinstance(c, TorchWorker):
+            c.close()
     records = []
     for name in names:
         t = float(np.median(times[name]))

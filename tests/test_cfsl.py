@@ -256,6 +256,7 @@ def test_scenarios_name_the_three_axes():
         ("algorithm.eps1=0", "algorithm.eps1"),
         ("algorithm.eps2=-1", "algorithm.eps2"),
         ("algorithm.phi=-0.1", "algorithm.phi"),
+        ("algorithm.phi=1.1", "algorithm.phi"),
         ("partition.labeled_fraction=0", "partition.labeled_fraction"),
         ("partition.labeled_fraction=1.5", "partition.labeled_fraction"),
         ("algorithm.cloud_tau=2", "algorithm.cloud_tau"),

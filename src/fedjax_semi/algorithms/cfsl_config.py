@@ -95,8 +95,12 @@ class CFSLConfig(AlgorithmConfig):
         for key in ("eps1", "eps2", "kappa1", "kappa2", "ensemble_temperature"):
             if not getattr(self, key) > 0:
                 raise bad(f"algorithm.{key}", getattr(self, key), "a number > 0")
-        if not self.phi >= 0:
-            raise bad("algorithm.phi", self.phi, "a number >= 0 (above 1 accepts nothing)")
+        if not 0 <= self.phi <= 1:
+            # Eqs. 17-18 compare a softmax confidence with phi, so above 1 nothing would ever be
+            # accepted: the labeled-only run is algorithm.prediction_time=none.
+            raise bad(
+                "algorithm.phi", self.phi, "a number in [0, 1] (labeled-only: prediction_time=none)"
+            )
         if not -1 <= self.cloud_tau <= 1:
             raise bad("algorithm.cloud_tau", self.cloud_tau, "a cosine in [-1, 1]")
         if self.eps_mode == "relative" and self.split_warmup <= self.calibration_rounds:
