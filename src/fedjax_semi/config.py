@@ -161,7 +161,7 @@ class ModelConfig:
     name: str = "cnn"
     width: float = 1.0
     dropout: float = 0.0
-    conv: str = "auto"  # auto (im2col under a vmap over clients, else lax) | im2col | lax | xla
+    conv: str = "im2col"  # im2col | auto (im2col under a vmap over clients, else lax) | lax | xla
     hidden: list[int] = field(default_factory=lambda: [200, 200])
     norm: str = "batch"
     embed_dim: int = 64  # text models: embedding width

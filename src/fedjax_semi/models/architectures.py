@@ -56,7 +56,7 @@ class CNN(nn.Module):
     num_classes: int
     width: float = 1.0
     dropout: float = 0.0
-    conv_impl: str = "auto"
+    conv_impl: str = "im2col"
     kernel: int = 5
     dense: int = 512
 
@@ -81,7 +81,7 @@ class SimpleCNN(nn.Module):
     num_classes: int
     width: float = 1.0
     dropout: float = 0.0
-    conv_impl: str = "auto"
+    conv_impl: str = "im2col"
 
     @nn.compact
     def __call__(self, x: Array, train: bool = False, mc: bool = False) -> Array:
@@ -135,7 +135,7 @@ class ConvBN(nn.Module):
 
     features: int
     norm: str = "batch"
-    conv_impl: str = "auto"
+    conv_impl: str = "im2col"
 
     @nn.compact
     def __call__(self, x: Array, train: bool, mask: Array | None = None) -> Array:
@@ -161,7 +161,7 @@ class ResNet9(nn.Module):
     num_classes: int
     width: float = 1.0
     dropout: float = 0.0
-    conv_impl: str = "auto"
+    conv_impl: str = "im2col"
     norm: str = "batch"
 
     def setup(self) -> None:

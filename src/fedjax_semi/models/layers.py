@@ -8,9 +8,10 @@ convolution as im2col + one matmul (a batched ``dot_general`` under vmap) avoids
 both. For one client at a time (no vmap: ``chunk=1``, the reference loop, the server), XLA's
 own convolution is faster still, provided its gradient is written as two forward
 convolutions in the canonical NHWC/HWIO layout (:func:`lax_conv`): XLA:CPU runs the
-convolutions that autodiff emits 15-50x slower inside a loop body (docs/benchmarks.md, W0).
-:class:`Conv`'s ``impl="auto"`` picks im2col under a vmap over clients and
-:func:`lax_conv` otherwise.
+convolutions that autodiff emits 15-50x slower inside a loop body. :class:`Conv`'s
+``impl="auto"`` picks im2col under a vmap over clients and :func:`lax_conv` otherwise. Which is
+faster for one client depends on the model (docs/benchmarks.md, "W0"): im2col for the FedAvg
+CNN and simple_cnn (training-bound), auto for ResNet-9 under UM-pFSSL (forward-heavy).
 """
 
 from __future__ import annotations
@@ -51,9 +52,8 @@ class Conv(nn.Module):
         kernel_size: ``(kh, kw)``.
         padding: ``"SAME"`` or ``"VALID"``.
         use_bias: whether to add a bias.
-        impl: ``"auto"`` (``"im2col"`` while traced under a vmap over clients, else
-            ``"lax"``), ``"im2col"`` (shifted slices + one matmul; fast under vmap/scan on
-            CPU), ``"lax"`` (:func:`lax_conv`: XLA's convolution with canonical-layout
+        impl: ``"im2col"`` (shifted slices + one matmul; fast under vmap/scan on CPU),
+            ``"auto"`` (``"im2col"`` while traced under a vmap over clients, else ``"lax"``), ``"lax"`` (:func:`lax_conv`: XLA's convolution with canonical-layout
             gradient convolutions; fastest for one client) or ``"xla"``
             (``lax.conv_general_dilated`` with autodiff's gradient; for comparison).
         kernel_init: kernel initializer (``lecun_normal`` like ``nn.Conv``).
@@ -64,7 +64,7 @@ class Conv(nn.Module):
     kernel_size: tuple[int, int] = (3, 3)
     padding: str = "SAME"
     use_bias: bool = True
-    impl: str = "auto"
+    impl: str = "im2col"
     kernel_init: Initializer = nn.initializers.lecun_normal()
     bias_init: Initializer = nn.initializers.zeros_init()
 

@@ -57,7 +57,7 @@ class FilterCNN(nn.Module):
 
     num_classes: int
     filters: Filters
-    conv_impl: str = "auto"
+    conv_impl: str = "im2col"
     dropout: float = 0.0
 
     @nn.compact
@@ -136,7 +136,7 @@ def make_pool_models(
     """One :class:`Model` per filter tuple: ``base``'s input spec and normalization with a
     :class:`FilterCNN` (``base``'s conv impl, no dropout, no BatchNorm), named ``cnn24-40``;
     ``num_classes`` outputs (default ``base``'s)."""
-    impl = getattr(base.module, "conv_impl", "auto")
+    impl = getattr(base.module, "conv_impl", "im2col")
     k = base.num_classes if num_classes is None else num_classes
     return [
         dataclasses.replace(

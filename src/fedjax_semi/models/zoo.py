@@ -203,7 +203,7 @@ def make_model(
     std: Sequence[float] = (1.0,),
     width: float = 1.0,
     dropout: float = 0.0,
-    conv_impl: str = "auto",
+    conv_impl: str = "im2col",
     hidden: tuple[int, ...] = (200, 200),
     norm: str = "batch",
     embed_dim: int = 64,
@@ -221,8 +221,8 @@ def make_model(
         mean, std: per-channel normalization of ``x / 255`` (length 1 or C); images only.
         width: channel/unit multiplier (> 0); scaled counts are at least 1.
         dropout: dropout rate in ``[0, 1)``; 0 disables dropout (and MC sampling).
-        conv_impl: ``"auto"`` (default: im2col under a vmap over clients, else "lax"),
-            ``"im2col"``, ``"lax"`` or ``"xla"`` (`models.layers.Conv`).
+        conv_impl: ``"im2col"`` (default), ``"auto"`` (im2col under a vmap over clients,
+            else "lax"), ``"lax"`` or ``"xla"`` (`models.layers.Conv`).
         hidden: MLP / text-model hidden sizes (before width scaling).
         norm: ResNet-9 normalization, ``"batch"`` or ``"none"``.
         embed_dim: text model embedding width.
