@@ -106,7 +106,7 @@ def test_auto_conv_is_im2col_under_a_client_vmap_and_lax_otherwise() -> None:
     to im2col matmuls when clients are vmapped (a batched kernel would be a grouped conv)."""
     from fedjax_semi.engine.clients import map_clients
 
-    conv = Conv(4, (3, 3))
+    conv = Conv(4, (3, 3), impl="auto")
     x = jax.random.normal(jax.random.key(0), (3, 2, 6, 6, 2))
     params = jax.vmap(lambda k: conv.init(k, x[0]))(jax.random.split(jax.random.key(1), 3))
 

@@ -53,9 +53,10 @@ class Conv(nn.Module):
         padding: ``"SAME"`` or ``"VALID"``.
         use_bias: whether to add a bias.
         impl: ``"im2col"`` (shifted slices + one matmul; fast under vmap/scan on CPU),
-            ``"auto"`` (``"im2col"`` while traced under a vmap over clients, else ``"lax"``), ``"lax"`` (:func:`lax_conv`: XLA's convolution with canonical-layout
-            gradient convolutions; fastest for one client) or ``"xla"``
-            (``lax.conv_general_dilated`` with autodiff's gradient; for comparison).
+            ``"auto"`` (``"im2col"`` while traced under a vmap over clients, else ``"lax"``),
+            ``"lax"`` (:func:`lax_conv`: XLA's convolution with canonical-layout gradient
+            convolutions) or ``"xla"`` (``lax.conv_general_dilated`` with autodiff's
+            gradient; slow inside loops on XLA:CPU, for comparison).
         kernel_init: kernel initializer (``lecun_normal`` like ``nn.Conv``).
         bias_init: bias initializer (zeros like ``nn.Conv``).
     """
