@@ -6,12 +6,15 @@
 # chunk=1 and chunk=all. JSON lines (device and versions in each) go to $OUT/throughput_gpu.jsonl,
 # each workload's Markdown table to $OUT/<workload>.md.
 #
-#   OUT=/some/dir bash benchmarks/gpu_rows.sh          # PER=seconds per workload (default 100)
+#   OUT=/some/dir bash benchmarks/gpu_rows.sh          # PER=seconds per workload (default 200)
+#
+# On an H200 W0-W3 took 40-80 s each and W4 about 150 s (its chunk=1 and reference rounds
+# compile for 20-30 s each).
 #
 # Needs jax with CUDA, flax, optax, hydra-core, omegaconf, tensorboardX and (for the loop) torch.
 set -u
 out=${OUT:-$(pwd)/benchmarks/results}
-per=${PER:-100}
+per=${PER:-200}
 mkdir -p "$out"
 cd "$(dirname "$0")"
 # Allocate on demand: torch shares the GPU in the same process, and the recorded peak is then

@@ -161,7 +161,9 @@ def run_workload(w: Workload, args, peak: float, env: dict, **scale) -> list[dic
     # --convs: the convolution lowerings to compare (model.conv), each at every chunk; a model
     # without convolutions (W3) runs once.
     convs = (
-        [c for c in args.convs.split(",") if c] if hasattr(exp.model.module, "conv_impl") else [""]
+        [c for c in args.convs.split(",") if c] or [""]
+        if hasattr(exp.model.module, "conv_impl")
+        else [""]
     )
     for conv in convs:
         if conv:
@@ -269,7 +271,7 @@ def interleaved(w: Workload, args, env: dict) -> list[dict]:
     flops = sgd_step_flops(exp, w)
     has_conv = hasattr(exp.model.module, "conv_impl")
     contenders: dict[str, object] = {}
-    for conv in [c for c in args.convs.split(",") if c] if has_conv else [""]:
+    for conv in ([c for c in args.convs.split(",") if c] or [""]) if has_conv else [""]:
         if conv:
             exp = experiment.build(compose(*overrides, f"model.conv={conv}"), dataset=ds)
         for chunk in (c for c in args.chunks.split(",") if c):
@@ -498,12 +500,12 @@ def full_run(args, env: dict) -> list[dict]:
     The engine's phases come from its summary.json `timings` and per-round `wall_time`."""
     cli = Path(sys.executable).parent / "fedjax-semi"
     records = []
-    for conv in (c for c in args.convs.split(",") if c):
+    for conv in [c for c in args.convs.split(",") if c] or [""]:
         with tempfile.TemporaryDirectory() as out:
             cmd = [
                 str(cli), "+experiment=fmnist_supervised", f"rounds={args.full_run}",
-                "eval_every=5", "progress=false", f"model.conv={conv}", f"out_dir={out}",
-            ]  # fmt: skip
+                "eval_every=5", "progress=false", f"out_dir={out}",
+            ] + ([f"model.conv={conv}"] if conv else [])  # fmt: skip
             res = _timed_process(cmd)
             summary = json.loads((Path(out) / "summary.json").read_text())
             rows = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
@@ -515,8 +517,8 @@ def full_run(args, env: dict) -> list[dict]:
             "bench": "full_run",
             "workload": "W0",
             "engine": "fedjax-semi",
-            "command": " ".join(cmd[1:-1]),
-            "conv": conv,
+            "command": " ".join(c for c in cmd[1:] if not c.startswith("out_dir=")),
+            "conv": conv or "default",
             "rounds": args.full_run,
             **res,
             "startup_s": t["startup_s"],
@@ -612,7 +614,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=0, help="population (default: the workload's)")
     ap.add_argument("--chunks", default="1,8,all,reference")
     # auto: im2col under a vmap over clients, XLA's conv with canonical gradients otherwise
-    ap.add_argument("--convs", default="auto", help="model.conv values, e.g. auto,im2col")
+    # "": each model's own default lowering (the CNNs im2col, ResNet-9 auto)
+    ap.add_argument("--convs", default="", help="model.conv values to compare, e.g. auto,im2col")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--torch", action="store_true", help="also the PyTorch per-client loop")
     # One intra-op thread by default: on a small shared CPU torch's OpenMP threads spin against
