@@ -643,6 +643,17 @@ def test_normal_properties(num_clients, reject, size_mode, seed):
             assert np.ptp(lab[tr]) <= 1 and np.ptp((tl + tu)[tg]) <= 1
 
 
+def test_normal_fixed_total_on_cifar100_sizes_names_per_class():
+    """100 classes of 500 (CIFAR-100's train split): SUBSET's totals (20 classes' worth) on 2
+    drawn classes need 2,000 target samples of a class; the error names the way out."""
+    ds = synthetic(50_000, 10_000, num_classes=100)
+    knobs = dict(scheme="normal", num_clients=2, normal_max_classes=2)
+    with pytest.raises(ValueError, match=r"^partition\.target_per_class=200 .*normal_size_mode"):
+        build(ds, **knobs)
+    p = build(ds, **knobs, normal_size_mode="per_class")
+    np.testing.assert_array_equal(p.counts()["target_unlabeled"], 2 * 190)
+
+
 def test_normal_on_fashion_mnist_and_overlap_modes(fmnist):
     p = build(fmnist, scheme="normal", num_clients=25, seed=1, normal_size_mode="per_class")
     # The spec's per-class sizes exceed Fashion-MNIST's 6000 images per class: clients share
