@@ -28,6 +28,7 @@ S_TRAIN, S_INFER = 2e-4, 5e-5
 TINY = [
     "algorithm=dofed_spp",
     "partition=subset",
+    "partition.assignment=balanced",  # the thresholds below were set on this partition
     f"num_clients={N}",
     "partition.train_per_class=40",  # 500 / 10 / 190 per class, scaled down
     "partition.target_per_class=40",

@@ -23,7 +23,8 @@ GOLDEN = Path(__file__).parent / "golden"
 RUNS = {
     "fedavg_pl": ["algorithm=fedavg_pl", "rounds=3"],
     "dofed_spp": [
-        "algorithm=dofed_spp", "partition=subset", "num_clients=6",
+        "algorithm=dofed_spp", "partition=subset", "partition.assignment=balanced",
+        "num_clients=6",
         "partition.train_per_class=20", "partition.target_per_class=20",
         "partition.target_labeled_fraction=0.1", "partition.test_per_class=8",
         "algorithm.warmup_rounds=1", "algorithm.selection_k=3", "algorithm.selection_b=2",

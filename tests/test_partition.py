@@ -520,7 +520,7 @@ def test_presets_compose_and_build(name):
 @given(
     num_clients=st.integers(1, 15),
     n_clusters=st.integers(2, 5),
-    assignment=st.sampled_from(["balanced", "random"]),
+    assignment=st.sampled_from(["even", "balanced", "random"]),
     overlap=st.sampled_from(["allow", "none"]),
     seed=st.integers(0, 1000),
 )
@@ -537,10 +537,13 @@ def test_subset_properties(num_clients, n_clusters, assignment, overlap, seed):
     assert min(len(c) for c in clusters) == 10 // n_clusters
     a, b = p.assignments["train_cluster"], p.assignments["target_cluster"]
     assert ((a >= 0) & (a < n_clusters) & (b >= 0) & (b < n_clusters) & (a != b)).all()
-    if assignment == "balanced":
+    if assignment in ("even", "balanced"):
         np.testing.assert_array_equal(
             np.bincount(a, minlength=n_clusters).max(), -(-num_clients // n_clusters)
         )
+    if assignment == "even":  # train and target counts per cluster differ by at most 1
+        assert np.ptp(np.bincount(a, minlength=n_clusters)) <= 1
+        assert np.ptp(np.bincount(b, minlength=n_clusters)) <= 1
     for k in range(num_clients):
         tr_cls, tg_cls = clusters[a[k]], clusters[b[k]]
         np.testing.assert_array_equal(np.flatnonzero(p.assignments["train_classes"][k]), tr_cls)
@@ -575,6 +578,34 @@ def test_subset_default_sizes_on_fashion_mnist(fmnist):
     np.testing.assert_array_equal(p.counts()["target_unlabeled"], 380)
     np.testing.assert_array_equal(p.counts()["test"], 200)
     assert np.bincount(p.assignments["train_cluster"], minlength=5).tolist() == [5] * 5
+    assert np.bincount(p.assignments["target_cluster"], minlength=5).tolist() == [5] * 5
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("num_clients", [7, 25, 40])
+def test_subset_even_assignment(num_clients, seed):
+    """The default: each cluster trains about N / Kc clients and is the target of about
+    N / Kc clients (counts differ by at most 1), never a client's own train cluster; seeded."""
+    p = build_paper("subset", num_clients=num_clients, seed=seed)
+    a, b = p.assignments["train_cluster"], p.assignments["target_cluster"]
+    assert (a != b).all()
+    for x in (a, b):
+        counts = np.bincount(x, minlength=5)
+        assert counts.min() >= num_clients // 5 and np.ptp(counts) <= 1
+    q = build_paper("subset", num_clients=num_clients, seed=seed)
+    np.testing.assert_array_equal(q.assignments["target_cluster"], b)
+    pairs = {(int(i), int(j)) for i, j in zip(a, b, strict=True)}
+    assert num_clients < 10 or len(pairs) > 5  # not one fixed shift for everyone
+
+
+def test_normal_fixed_total_is_the_default_and_matches_subset_totals():
+    """NORMAL's default sizes: SUBSET's per-client totals (train, target labeled / unlabeled)."""
+    sub = build_paper("subset", num_clients=8, seed=3)
+    nor = build_paper("normal", num_clients=8, seed=3)
+    for role in ("labeled", "target_labeled", "target_unlabeled"):
+        np.testing.assert_array_equal(nor.counts()[role], sub.counts()[role])
+    old = build_paper("normal", num_clients=8, seed=3, normal_size_mode="per_class")
+    assert not np.array_equal(old.counts()["labeled"], sub.counts()["labeled"])
 
 
 @settings(max_examples=examples(20), deadline=None)
@@ -612,25 +643,39 @@ def test_normal_properties(num_clients, reject, size_mode, seed):
             assert np.ptp(lab[tr]) <= 1 and np.ptp((tl + tu)[tg]) <= 1
 
 
+def test_normal_fixed_total_on_cifar100_sizes_names_per_class():
+    """100 classes of 500 (CIFAR-100's train split): SUBSET's totals (20 classes' worth) on 2
+    drawn classes need 2,000 target samples of a class; the error names the way out."""
+    ds = synthetic(50_000, 10_000, num_classes=100)
+    knobs = dict(scheme="normal", num_clients=2, normal_max_classes=2)
+    with pytest.raises(ValueError, match=r"^partition\.target_per_class=200 .*normal_size_mode"):
+        build(ds, **knobs)
+    p = build(ds, **knobs, normal_size_mode="per_class")
+    np.testing.assert_array_equal(p.counts()["target_unlabeled"], 2 * 190)
+
+
 def test_normal_on_fashion_mnist_and_overlap_modes(fmnist):
-    p = build(fmnist, scheme="normal", num_clients=25, seed=1)
-    # The spec's sizes exceed Fashion-MNIST's 6000 images per class: clients share samples,
-    # but never within a client and, since classes are large, unlabeled samples stay out of
-    # every labeled set.
+    p = build(fmnist, scheme="normal", num_clients=25, seed=1, normal_size_mode="per_class")
+    # The spec's per-class sizes exceed Fashion-MNIST's 6000 images per class: clients share
+    # samples, but never within a client and, since classes are large, unlabeled samples stay
+    # out of every labeled set.
     check_paper_invariants(p, fmnist, cross_disjoint=False)
     lab = np.concatenate(p.clients["labeled"] + p.clients["target_labeled"])
     unl = np.concatenate(p.clients["target_unlabeled"])
     assert not np.isin(unl, lab).any()
     assert p.meta["train_capped"] == 0
     with pytest.raises(ValueError, match=r"^partition\.overlap='none'"):
-        build(fmnist, scheme="normal", num_clients=25, seed=1, overlap="none")
+        build(
+            fmnist, scheme="normal", num_clients=25, seed=1, overlap="none",
+            normal_size_mode="per_class",
+        )  # fmt: skip
 
 
 def test_normal_target_has_priority_and_train_is_capped():
     ds = synthetic(200, 100)  # 20 train samples per class
     p = build(
         ds, scheme="normal", num_clients=8, train_per_class=20, target_per_class=10,
-        target_labeled_fraction=0.1, test_per_class=5, seed=0,
+        target_labeled_fraction=0.1, test_per_class=5, seed=0, normal_size_mode="per_class",
     )  # fmt: skip
     check_paper_invariants(p, ds, cross_disjoint=False)
     tr_m, tg_m = p.assignments["train_classes"], p.assignments["target_classes"]
@@ -975,6 +1020,7 @@ def test_old_npz_without_assignments_loads(tmp_path):
         ),
         ({"scheme": "normal", "normal_reject": "never"}, "partition.normal_reject"),
         ({"scheme": "normal", "normal_size_mode": "total"}, "partition.normal_size_mode"),
+        ({"scheme": "subset", "assignment": "evenly"}, "partition.assignment"),
         ({"scheme": "cofed", "cofed_variant": "niid"}, "partition.cofed_variant"),
         (
             {"scheme": "cofed", "cofed_min_classes": 11, "cofed_max_classes": 12},

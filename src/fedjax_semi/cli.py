@@ -145,6 +145,28 @@ def report_main(argv: list[str] | None = None) -> None:
         "took part in, bins [a, b) and >= the last edge, e.g. 0,1,2,3,6 "
         "(DIR/report_by_participations.md)",
     )
+    ap.add_argument(
+        "--budget-time",
+        metavar="S",
+        type=float,
+        default=None,
+        help="tabulate each run's last evaluation at or before simulated time S (sim_time in "
+        "metrics.jsonl) instead of its final one: an equal-budget cut",
+    )
+    ap.add_argument(
+        "--budget-rounds",
+        metavar="R",
+        type=int,
+        default=None,
+        help="likewise, the last evaluation at or before round R",
+    )
+    ap.add_argument(
+        "--last-k",
+        metavar="K",
+        type=int,
+        default=None,
+        help="the mean over each run's last K evaluations (within the budget, if one is given)",
+    )
     args = ap.parse_args(argv)
     if not args.sweep_dir.is_dir():
         _fail(f"sweep_dir={str(args.sweep_dir)!r} is not a directory")
@@ -157,7 +179,14 @@ def report_main(argv: list[str] | None = None) -> None:
             args.by_participations,
             "increasing integers >= 0, e.g. 0,1,2,3,6",
         )
-        md = report(args.sweep_dir, args.metrics.split(","), args.csv)
+        md = report(
+            args.sweep_dir,
+            args.metrics.split(","),
+            args.csv,
+            budget_time=args.budget_time,
+            budget_rounds=args.budget_rounds,
+            last_k=args.last_k,
+        )
         if edges is not None:
             md += "\n\nPersonal accuracy by labeled ratio:\n\n"
             md += labeled_ratio_table(args.sweep_dir, edges)

@@ -115,7 +115,9 @@ class PartitionConfig:
     # --- DoFed-SPP (its Sec. 6.1, "Data Distributions"; scheme subset | normal). [paper]: the
     # paper's value; A<n> / "other": docs/choices.md, DoFed-SPP A<n> / "Other choices".
     n_clusters: int = 5  # SUBSET class clusters Kc (A6); fixed_total's unit is Q // Kc classes
-    assignment: str = "balanced"  # SUBSET (train, target) cluster pairs: balanced | random (other)
+    # SUBSET (train, target) cluster pairs: even (train and target clusters both spread evenly)
+    # | balanced (even train, uniform target) | random (other)
+    assignment: str = "even"
     train_per_class: int = 500  # per class of the train set ([paper]: 500 C / Kc; other)
     target_per_class: int = 200  # per target class, 10 labeled + 190 ([paper]: 200 C / Kc; other)
     target_labeled_fraction: float = 0.05  # labeled share of the target set (10:190) [paper]
@@ -123,7 +125,7 @@ class PartitionConfig:
     normal_min_classes: int = 2  # NORMAL: k_tr, k_tg ~ U{min..max}, capped at Q [paper]; A7
     normal_max_classes: int = 10
     normal_reject: str = "identical"  # NORMAL redraw: identical | subset (also target ⊆ train), A7
-    normal_size_mode: str = "per_class"  # NORMAL sizes: per_class | fixed_total (A7)
+    normal_size_mode: str = "fixed_total"  # NORMAL sizes: fixed_total (SUBSET's) | per_class (A7)
     overlap: str = "allow"  # samples shared across clients: allow (only when short) | none (A8)
     # --- CoFED (Cao et al., its Sec. 5.2: CIFAR-100 superclasses as tasks; scheme cofed)
     cofed_variant: str = "iid"  # iid | noniid (1..cofed_max_subclasses subclasses) | writers

@@ -1,5 +1,11 @@
 """Tables from a sweep: group runs by their overrides (seed excluded), mean +- std over seeds.
 
+By default a run's value is its final evaluation (summary.json). For tables of record that
+compare methods at an equal budget, ``report(budget_time=S)`` / ``budget_rounds=R`` take each
+run's last evaluation at or before simulated time S (``sim_time``) / round R from its
+metrics.jsonl, and ``last_k=K`` the mean over the last K evaluations within the budget (for
+methods whose accuracy oscillates). The std over seeds is the sample std (ddof=1).
+
 An experiment config may carry the paper's numbers as
     paper: [{where: {algorithm.name: fedavg, partition.alpha: 0.5}, accuracy: 0.71}, ...]
 and the report prints them beside ours.
@@ -98,26 +104,120 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
 
 
-def report(root: Path, metrics: list[str], csv_path: Path | None = None) -> str:
+def _check_cut(budget_time: float | None, budget_rounds: int | None, last_k: int | None) -> None:
+    def bad(flag: str, value, allowed: str) -> ValueError:
+        return ValueError(f"{flag}={value!r} is not allowed: {allowed}")
+
+    if budget_time is not None and not (
+        isinstance(budget_time, int | float) and np.isfinite(budget_time) and budget_time >= 0
+    ):
+        raise bad("--budget-time", budget_time, "a number of simulated seconds >= 0")
+    for flag, v, lo in (("--budget-rounds", budget_rounds, 0), ("--last-k", last_k, 1)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
+            raise bad(flag, v, f"an integer >= {lo}")
+
+
+def _eval_rows(run_dir: Path) -> list[dict]:
+    """The rows of a run's metrics.jsonl, one per round (a resumed run's later row wins),
+    in round order."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        raise ValueError(
+            f"run {str(run_dir)!r} has no metrics.jsonl: --budget-time, --budget-rounds and "
+            "--last-k read the evaluations from it"
+        )
+    by_round = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            by_round[row["round"]] = row
+    return [by_round[t] for t in sorted(by_round)]
+
+
+def cut_value(
+    run_dir: Path,
+    metric: str,
+    budget_time: float | None = None,
+    budget_rounds: int | None = None,
+    last_k: int | None = None,
+) -> tuple[float, int] | None:
+    """A run's ``metric`` at an equal budget: the mean over its last ``last_k`` (default 1)
+    evaluations with ``sim_time <= budget_time`` and ``round <= budget_rounds`` (either cut
+    optional), read from metrics.jsonl. Returns (value, round of the last evaluation used), or
+    None when no evaluation of the metric falls within the budget."""
+    rows = [r for r in _eval_rows(run_dir) if r.get(metric) is not None]
+    if budget_time is not None:
+        if any(r.get("sim_time") is None for r in rows):
+            raise ValueError(
+                f"run {str(run_dir)!r}: metrics.jsonl has evaluations without sim_time "
+                "(--budget-time needs the simulated clock)"
+            )
+        rows = [r for r in rows if r["sim_time"] <= budget_time]
+    if budget_rounds is not None:
+        rows = [r for r in rows if r["round"] <= budget_rounds]
+    if not rows:
+        return None
+    last = rows[-(last_k or 1) :]
+    return float(np.mean([float(r[metric]) for r in last])), int(last[-1]["round"])
+
+
+def report(
+    root: Path,
+    metrics: list[str],
+    csv_path: Path | None = None,
+    budget_time: float | None = None,
+    budget_rounds: int | None = None,
+    last_k: int | None = None,
+) -> str:
+    """The table: one row per setting, the seed count and mean ± std over seeds per metric
+    (final evaluation, or the budget cut / last-k mean; see the module docstring)."""
+    _check_cut(budget_time, budget_rounds, last_k)
+    cut = budget_time is not None or budget_rounds is not None or last_k is not None
     groups = grouped_runs(root)
     runs = [r for rs in groups.values() for r in rs]
-    metrics = [m for m in metrics if any(m in r["summary"].get("final", {}) for r in runs)]
+    values: dict[tuple[int, str], tuple[float, int] | None] = {}
+    for r in runs:
+        for m in metrics:
+            if cut:
+                values[id(r), m] = cut_value(r["dir"], m, budget_time, budget_rounds, last_k)
+            else:
+                v = r["summary"].get("final", {}).get(m)
+                values[id(r), m] = None if v is None else (v, None)
+    metrics = [m for m in metrics if any(values[id(r), m] is not None for r in runs)]
     has_paper = any(r["config"].get("paper") for r in runs)
-    header = ["setting", "seeds"] + [f"{m} (mean ± std)" for m in metrics]
+    what = []
+    if last_k is not None:
+        what.append(f"last {last_k} evals")
+    if budget_time is not None:
+        what.append(f"sim_time ≤ {budget_time:g} s")
+    if budget_rounds is not None:
+        what.append(f"round ≤ {budget_rounds}")
+    tag = f", {', '.join(what)}" if what else ""
+    header = ["setting", "seeds"] + [f"{m} (mean ± std{tag})" for m in metrics]
+    if cut and metrics:
+        header.append("round at cut (mean)")
     if has_paper:
         header += [f"paper {m}" for m in metrics]
     rows, csv_rows = [], []
     for setting, rs in groups.items():
         cells, csv_row = [setting, str(len(rs))], {"setting": setting, "seeds": len(rs)}
+        cut_rounds = []
         for m in metrics:
-            vals = [r["summary"]["final"].get(m) for r in rs]
-            vals = [v for v in vals if v is not None]
+            got = [values[id(r), m] for r in rs]
+            vals = [g[0] for g in got if g is not None]
+            if m == metrics[0]:
+                cut_rounds = [g[1] for g in got if g is not None]
             if vals:
                 mu, sd = mean_std(vals)
-                cells.append(f"{100 * mu:.2f} ± {100 * sd:.2f}")
-                csv_row.update({f"{m}_mean": mu, f"{m}_std": sd})
+                n = "" if len(vals) == len(rs) else f" (n={len(vals)})"
+                cells.append(f"{100 * mu:.2f} ± {100 * sd:.2f}{n}")
+                csv_row.update({f"{m}_mean": mu, f"{m}_std": sd, f"{m}_n": len(vals)})
             else:
                 cells.append("–")
+        if cut and metrics:
+            cells.append(f"{np.mean(cut_rounds):.1f}" if cut_rounds else "–")
+            if cut_rounds:
+                csv_row["round_at_cut"] = float(np.mean(cut_rounds))
         if has_paper:
             for m in metrics:
                 pv = _paper_value(rs[0]["config"].get("paper"), rs[0]["config"], m)

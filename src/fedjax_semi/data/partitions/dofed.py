@@ -2,7 +2,9 @@
 differently distributed target set, drawn by class.
 
 SUBSET shuffles the classes into ``n_clusters`` clusters (leftovers join random clusters) and
-gives client ``n`` a train cluster and a different target cluster (``assignment``); NORMAL
+gives client ``n`` a train cluster and a different target cluster (``assignment``: ``even``,
+the default, spreads both the train and the target clusters evenly over the clients;
+``balanced`` only the train clusters, the target uniform over the others; ``random``); NORMAL
 draws a train and a target class set of ``U{normal_min_classes..normal_max_classes}`` classes
 each, redrawn per ``normal_reject``. Per class of the sets: ``train_per_class`` train samples
 (role ``"labeled"``), ``target_per_class`` target samples of which a
@@ -75,6 +77,26 @@ def _draw(
     return pick.astype(np.int64)
 
 
+def _even_pairs(
+    kc: int, num_clients: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """``assignment=even``: (train, target) cluster pairs with both the train and the target
+    clusters spread evenly (counts per cluster differ by at most 1) and target != train.
+
+    Clients take random slots ``0..N-1``; slot ``s`` trains cluster ``perm[s % kc]`` and
+    targets ``perm[(s + shift) % kc]``, with one shift in ``1..kc-1`` per block of ``kc`` slots
+    (the shifts cycle through a random order). A full block's targets are a permutation of
+    the clusters and the last, partial block's are distinct, hence the even target counts.
+    """
+    perm = rng.permutation(kc)
+    shifts = 1 + rng.permutation(kc - 1)
+    slot = rng.permutation(num_clients)
+    j, block = slot % kc, slot // kc
+    a = perm[j]
+    b = perm[(j + shifts[block % (kc - 1)]) % kc]
+    return a, b
+
+
 def _subset_classes(
     num_classes: int, num_clients: int, k: dict[str, Any], rng: np.random.Generator
 ) -> tuple[list[np.ndarray], list[np.ndarray], dict[str, np.ndarray], dict[str, Any]]:
@@ -87,12 +109,15 @@ def _subset_classes(
     for c in order[kc * base :]:  # leftover classes join a uniformly random cluster
         clusters[int(rng.integers(kc))].append(c)
     clusters_a = [np.sort(np.asarray(c, dtype=np.int64)) for c in clusters]
-    if k["assignment"] == "balanced":  # every cluster has trainers
-        a = rng.permutation(kc)[np.arange(num_clients) % kc]
+    if k["assignment"] == "even":  # train and target clusters both spread evenly
+        a, b = _even_pairs(kc, num_clients, rng)
     else:
-        a = rng.integers(kc, size=num_clients)
-    b = rng.integers(kc - 1, size=num_clients)
-    b = b + (b >= a)  # uniform over the clusters other than a
+        if k["assignment"] == "balanced":  # every cluster has trainers
+            a = rng.permutation(kc)[np.arange(num_clients) % kc]
+        else:
+            a = rng.integers(kc, size=num_clients)
+        b = rng.integers(kc - 1, size=num_clients)
+        b = b + (b >= a)  # uniform over the clusters other than a
     assignments = {"train_cluster": a.astype(np.int64), "target_cluster": b.astype(np.int64)}
     meta = {"clusters": [c.tolist() for c in clusters_a]}
     return [clusters_a[i] for i in a], [clusters_a[i] for i in b], assignments, meta
@@ -155,6 +180,8 @@ def _dofed_partition(
 
     def short(key: str, c: int, want: int, got: int) -> ValueError:
         hint = "; use partition.overlap='allow'" if overlap == "none" else ""
+        if fixed_total and key != "partition.overlap":  # SUBSET's totals on 2 classes
+            hint = "; use partition.normal_size_mode='per_class'"
         return ValueError(
             f"{key}={k[key.split('.')[1]]!r} is invalid; class {c} has only {got} of the "
             f"{want} samples a client needs left{hint}"

@@ -17,7 +17,7 @@ SCHEMES = (*GENERIC_SCHEMES, "subset", "normal", "cofed", "cfsl", "ada")
 LABELED_MODES = ("fixed", "dirichlet")
 SPLITS = ("official", "pooled")
 POOLED_FRACTIONS = (0.7, 0.1, 0.2)  # train / val / test pools, UM-pFSSL's protocol
-ASSIGNMENTS = ("balanced", "random")  # DoFed-SPP SUBSET cluster pairs
+ASSIGNMENTS = ("even", "balanced", "random")  # DoFed-SPP SUBSET cluster pairs
 NORMAL_REJECTS = ("identical", "subset")  # DoFed-SPP NORMAL redraw rule
 NORMAL_SIZE_MODES = ("per_class", "fixed_total")
 OVERLAPS = ("allow", "none")  # DoFed-SPP: may clients share samples
@@ -33,7 +33,7 @@ CFSL_TRANSFORMS = ("label_permutation", "rotation", "none")
 PAPER_DEFAULTS: dict[str, Any] = {
     # DoFed-SPP SUBSET / NORMAL
     "n_clusters": 5,
-    "assignment": "balanced",
+    "assignment": "even",
     "train_per_class": 500,
     "target_per_class": 200,
     "target_labeled_fraction": 0.05,
@@ -41,7 +41,7 @@ PAPER_DEFAULTS: dict[str, Any] = {
     "normal_min_classes": 2,
     "normal_max_classes": 10,
     "normal_reject": "identical",
-    "normal_size_mode": "per_class",
+    "normal_size_mode": "fixed_total",
     "overlap": "allow",
     # CoFED (its CIFAR-100 setup, paper §5.2)
     "cofed_variant": "iid",

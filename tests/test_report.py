@@ -1,0 +1,97 @@
+"""fedjax-semi-report's equal-budget cut, last-k mean and seed aggregation, on run directories
+written by the test (metrics.jsonl rows, no training)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fedjax_semi.cli import report_main
+from fedjax_semi.results.report import cut_value, report
+
+# One run: evaluations every other round (round 0 too), the clock 1.5 s a round.
+ROUNDS = range(0, 11)
+
+
+def _run(d, overrides, acc_of_round, final=None):
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    rows = []
+    for t in ROUNDS:
+        row = {"round": t, "sim_time": 1.5 * t, "train_loss": 1.0}
+        if t % 2 == 0:
+            row["personal_acc"] = acc_of_round(t)
+        rows.append(row)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    final = {"personal_acc": acc_of_round(10)} if final is None else final
+    (d / "summary.json").write_text(json.dumps({"final": final, "algorithm": "x"}))
+
+
+def test_cut_picks_the_last_evaluation_within_the_budget(tmp_path):
+    _run(tmp_path, ["algorithm=x"], lambda t: t / 100)
+    # sim_time <= 7 s: rounds 0..4 (round 4 at 6 s is the last evaluation; round 5 has none)
+    assert cut_value(tmp_path, "personal_acc", budget_time=7.0) == (0.04, 4)
+    assert cut_value(tmp_path, "personal_acc", budget_time=6.0) == (0.04, 4)  # "at or before"
+    assert cut_value(tmp_path, "personal_acc", budget_rounds=7) == (0.06, 6)
+    assert cut_value(tmp_path, "personal_acc", budget_time=100, budget_rounds=3) == (0.02, 2)
+    assert cut_value(tmp_path, "personal_acc") == (0.10, 10)
+    assert cut_value(tmp_path, "personal_acc", budget_time=0.0) == (0.0, 0)
+    assert cut_value(tmp_path, "pl_acc", budget_time=5.0) is None  # never evaluated
+    # last-k: the mean of the last K evaluations within the budget (rounds 2, 4, 6 of <= 7)
+    v, rnd = cut_value(tmp_path, "personal_acc", budget_rounds=7, last_k=3)
+    assert rnd == 6 and v == pytest.approx(np.mean([0.02, 0.04, 0.06]))
+    v, _ = cut_value(tmp_path, "personal_acc", budget_rounds=2, last_k=5)  # fewer than K
+    assert v == pytest.approx(np.mean([0.0, 0.02]))
+
+
+def test_report_aggregates_seeds_at_the_cut(tmp_path, capsys):
+    """Two settings x three seeds; mean and std over seeds (numpy's, ddof=1), the seed count,
+    and the mean round at the cut, in the table and the CSV."""
+    rng = np.random.default_rng(0)
+    acc = {}
+    for alg in ("a", "b"):
+        for seed in range(3):
+            a = rng.uniform(0, 1, 11)
+            acc[alg, seed] = a
+            _run(tmp_path / f"{alg}{seed}", [f"algorithm={alg}", f"seed={seed}"], a.__getitem__)
+    text = report(tmp_path, ["personal_acc"], budget_time=10.0, last_k=2)  # rounds 4, 6
+    lines = text.splitlines()
+    assert "last 2 evals" in lines[0] and "sim_time ≤ 10 s" in lines[0]
+    rows = {ln.split("|")[1].strip(): ln.split("|")[2:-1] for ln in lines[2:]}
+    assert set(rows) == {"algorithm=a", "algorithm=b"}
+    for alg in ("a", "b"):
+        vals = [np.mean(acc[alg, s][[4, 6]]) for s in range(3)]
+        seeds, cell, rnd = (c.strip() for c in rows[f"algorithm={alg}"])
+        want = f"{100 * np.mean(vals):.2f} ± {100 * np.std(vals, ddof=1):.2f}"
+        assert (seeds, cell, rnd) == ("3", want, "6.0")
+    with open(tmp_path / "report.csv") as f:
+        header, *csv_rows = f.read().splitlines()
+    assert "personal_acc_std" in header and "round_at_cut" in header and len(csv_rows) == 2
+
+    # Without a cut the table reads summary.json's final values, as before.
+    plain = report(tmp_path, ["personal_acc"])
+    vals = [acc["a", s][10] for s in range(3)]
+    assert f"{100 * np.mean(vals):.2f} ± {100 * np.std(vals, ddof=1):.2f}" in plain
+
+    report_main([str(tmp_path), "--metrics", "personal_acc", "--budget-rounds", "4"])
+    assert "round ≤ 4" in capsys.readouterr().out
+    for flag, bad in (("--last-k", "0"), ("--budget-rounds", "-1"), ("--budget-time", "-2")):
+        with pytest.raises(SystemExit) as e:
+            report_main([str(tmp_path), flag, bad])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and flag in err and "not allowed" in err
+
+
+def test_budget_time_needs_the_clock(tmp_path):
+    d = tmp_path / "r"
+    _run(d, ["algorithm=x"], lambda t: 0.5)
+    rows = [json.loads(ln) for ln in (d / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        del r["sim_time"]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match="sim_time"):
+        report(tmp_path, ["personal_acc"], budget_time=5.0)
+    assert "50.00 ± 0.00" in report(tmp_path, ["personal_acc"], budget_rounds=5)
