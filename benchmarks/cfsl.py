@@ -54,24 +54,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common import RESULTS, compose, emit, environment, runner_for, synthetic
+from common import RESULTS, compose, emit, environment, runner_for, synthetic, timed
 from fedjax_semi import experiment
 from fedjax_semi.data.registry import load_dataset
 from fedjax_semi.kernels import clustering as cl
 from fedjax_semi.systems import wireless
-
-
-def timed(fn, repeats: int) -> tuple[float, float, list[float]]:
-    """(first call incl. compile, median of the next `repeats`, all of them) in seconds."""
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return first, float(np.median(times)), times
 
 
 def dataset(kind: str, workers: int, per_worker: int):

@@ -61,6 +61,19 @@ def runner_for(exp, chunk: str):
     return exp.runner(chunk=chunk if chunk in ("all", "auto") else int(chunk))
 
 
+def timed(fn, repeats: int) -> tuple[float, float, list[float]]:
+    """(first call incl. compile, median of the next `repeats`, all of them) in seconds."""
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return first, float(np.median(times)), times
+
+
 def time_rounds(runner, state, repeats: int) -> tuple[float, list[float], object]:
     """(compile+first round seconds, steady-state round times, final state)."""
     t0 = time.perf_counter()

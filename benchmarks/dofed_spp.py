@@ -18,27 +18,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import time
 from pathlib import Path
 
 import jax
-import numpy as np
 
-from common import RESULTS, compose, dataset_or_synthetic, emit, environment, runner_for
+from common import RESULTS, compose, dataset_or_synthetic, emit, environment, runner_for, timed
 from fedjax_semi import experiment
-
-
-def timed(fn, repeats: int) -> tuple[float, float, list[float]]:
-    """(first call incl. compile, median of the next `repeats`, all of them) in seconds."""
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return first, float(np.median(times)), times
 
 
 def sr_kernel(alg, state, data):

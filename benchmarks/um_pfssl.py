@@ -14,27 +14,15 @@ import argparse
 import copy
 import dataclasses
 import functools
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from common import RESULTS, compose, dataset_or_synthetic, emit, environment, runner_for
+from common import RESULTS, compose, dataset_or_synthetic, emit, environment, runner_for, timed
 from fedjax_semi import experiment
 from fedjax_semi.engine.clients import map_clients
 from fedjax_semi.engine.keys import MC_STATS
-
-
-def timed(fn, repeats):
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)), times
 
 
 def stats_pass(alg, chunk):
@@ -85,8 +73,8 @@ def main() -> None:
         runner = runner_for(exp, chunk)
         state = runner.init()
         plain = state.replace(round=jnp.asarray(t_plain - 1, state.round.dtype))
-        t_search, all_search = timed(lambda r=runner, s=state: r.round(s)[0], args.repeats)
-        t_round, all_round = timed(lambda r=runner, s=plain: r.round(s)[0], args.repeats)
+        _, t_search, all_search = timed(lambda r=runner, s=state: r.round(s)[0], args.repeats)
+        _, t_round, all_round = timed(lambda r=runner, s=plain: r.round(s)[0], args.repeats)
         record = {
             "bench": "um_pfssl_round",
             "backend": "reference" if chunk == "reference" else "jit",
@@ -104,8 +92,10 @@ def main() -> None:
         }
         if chunk != "reference":
             mapping = chunk if chunk == "all" else int(chunk)
-            t_mc, _ = timed(functools.partial(stats_pass(alg, mapping), state, runner.data), 1)
-            t_one, _ = timed(functools.partial(stats_pass(single, mapping), state, runner.data), 1)
+            _, t_mc, _ = timed(functools.partial(stats_pass(alg, mapping), state, runner.data), 1)
+            _, t_one, _ = timed(
+                functools.partial(stats_pass(single, mapping), state, runner.data), 1
+            )
             # Measured, not estimated: the STATS pass (MC dropout of the M helpers on each
             # client's data) alone, against the plain round that contains it.
             record["stats_pass_s"] = t_mc
