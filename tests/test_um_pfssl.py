@@ -613,3 +613,30 @@ def test_aggregate_bn_stats_a21():
         corr, valid, no_bn, {"params": own["params"]},
     )  # fmt: skip
     np.testing.assert_array_equal(got["params"]["w"], on["params"]["w"])
+
+
+@pytest.mark.parametrize("mode", ["running", "batch"])
+def test_mc_bn_mode_reaches_the_mc_passes_a26(monkeypatch, mode):
+    """The algorithm hands algorithm.mc_bn_mode to every pair_stats call (the kernel's batch
+    mode is checked in test_uncertainty_kernels.py::test_mc_bn_mode_batch_a26)."""
+    import types
+
+    import jax.numpy as jnp
+
+    from fedjax_semi.algorithms import um_pfssl
+    from fedjax_semi.data.federated import RoleTable
+
+    seen = []
+
+    def stub(*args):
+        seen.append(args[15])  # bn_mode, after acc_mode
+        return {"corr": jnp.zeros(())}
+
+    monkeypatch.setattr(um_pfssl, "pair_stats", stub)
+    alg = experiment.build(compose_config(*TINY, f"algorithm.mc_bn_mode={mode}")).alg
+    inp = types.SimpleNamespace(
+        id=jnp.int32(0), lab=RoleTable(jnp.arange(2), 2), unl=RoleTable(jnp.arange(2), 2)
+    )
+    shared = types.SimpleNamespace(x=None, y=None, round=jnp.int32(1), key=jax.random.PRNGKey(0))
+    alg.helper_stats(jnp.zeros((2, 3)), jnp.arange(2), 0, inp, shared, 0.5)
+    assert seen and set(seen) == {mode}
