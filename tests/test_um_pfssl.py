@@ -640,3 +640,34 @@ def test_mc_bn_mode_reaches_the_mc_passes_a26(monkeypatch, mode):
     shared = types.SimpleNamespace(x=None, y=None, round=jnp.int32(1), key=jax.random.PRNGKey(0))
     alg.helper_stats(jnp.zeros((2, 3)), jnp.arange(2), 0, inp, shared, 0.5)
     assert seen and set(seen) == {mode}
+
+
+# A ResNet-9 (BatchNorm) round compiles for tens of seconds on a CPU: make test-slow.
+@pytest.mark.slow
+def test_aggregate_bn_stats_false_after_a_round_a21():
+    """BatchNorm trains on batch statistics, so the running statistics a client starts its
+    local training from do not change its parameters: aggregate_bn_stats=false gives the same
+    parameters as the default after a round, and other running statistics (the default's start
+    from the Corr average, false's from the client's own)."""
+    bn = [
+        "model=resnet9", "model.width=0.0625", "algorithm.search_rounds=0",
+        "algorithm.mc_samples=1", "algorithm.lr=0.01",
+    ]  # fmt: skip
+    runs = {}
+    for flag in ("true", "false"):
+        exp = experiment.build(compose_config(*TINY, *bn, f"algorithm.aggregate_bn_stats={flag}"))
+        runs[flag] = rounds(exp.runner(chunk="all"), 1)
+    (s_on, rows), (s_off, _) = runs["true"], runs["false"]
+    cohort = np.asarray(rows[0]["cohort"])
+    for a, b in zip(
+        jax.tree.leaves(s_on[1].client_vars["params"]),
+        jax.tree.leaves(s_off[1].client_vars["params"]),
+        strict=True,
+    ):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    on, off = (jax.tree.leaves(s.client_vars["batch_stats"]) for s in (s_on[1], s_off[1]))
+    gaps = [
+        np.abs(np.asarray(a) - np.asarray(b))[cohort].max() for a, b in zip(on, off, strict=True)
+    ]
+    gap = float(max(gaps))
+    assert gap > 1e-4
