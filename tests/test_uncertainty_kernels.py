@@ -308,3 +308,34 @@ def test_blockwise_mc_matches_whole_rows_and_ignores_padding():
     p2, h2 = mc_predict_rows(model, v, x, padded, jnp.int32(20), key, 3, block=20)
     np.testing.assert_allclose(p2[:20], p, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(p2)[40:], 0.0)
+
+
+def test_mc_bn_mode_batch_a26():
+    """mc_bn_mode (docs/choices.md, UM-pFSSL A26). running (default) is the old call; batch:
+    BatchNorm normalizes with the statistics of the valid rows, as training does (the
+    prefix/suffix split equals the whole network with train=True), padded rows change nothing,
+    and a model without BatchNorm gives the same logits either way."""
+    model, v = resnet(0.5)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.integers(0, 255, (6, 8, 8, 1)), jnp.uint8)
+    keys = jax.random.split(jax.random.PRNGKey(3), 3)
+    mask = jnp.asarray([True] * 4 + [False] * 2)
+    logits = jax.jit(uncertainty.mc_logits, static_argnames=("model", "bn_mode"))
+    running = logits(model, v, x, keys)
+    np.testing.assert_array_equal(running, logits(model, v, x, keys, bn_mode="running"))
+    batch = logits(model, v, x, keys, bn_mode="batch", mask=mask)
+    whole = jax.jit(jax.vmap(lambda k: model.apply(v, x, train=True, rng=k, mask=mask)[0]))(keys)
+    # float32 batch statistics, two programs: a few ulps of O(1)-O(10) logits
+    np.testing.assert_allclose(batch[:, :4], whole[:, :4], rtol=1e-4, atol=1e-4)
+    assert float(jnp.abs(batch - running).max()) > 1e-3
+    # Padded rows stay out of the statistics: other values there leave the valid rows alone.
+    x2 = x.at[4:].set(255 - x[4:])
+    again = logits(model, v, x2, keys, bn_mode="batch", mask=mask)
+    np.testing.assert_allclose(again[:, :4], batch[:, :4], rtol=1e-4, atol=1e-4)
+    mlp = make_model("mlp", (8, 8, 1), 4, dropout=0.5, hidden=(16,))
+    w = mlp.init(jax.random.PRNGKey(0))
+    np.testing.assert_array_equal(
+        logits(mlp, w, x, keys), logits(mlp, w, x, keys, bn_mode="batch", mask=mask)
+    )
+    with pytest.raises(ValueError, match="algorithm.mc_bn_mode='train'"):
+        uncertainty.mc_logits(mlp, w, x, keys, bn_mode="train")

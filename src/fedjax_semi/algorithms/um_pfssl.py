@@ -8,11 +8,11 @@ Semi-Supervised Learning"; the paper's Alg. 1 and Alg. 2).
         for k in S in parallel (they read the pool as it was at the start of the round):
             a. FILL     first participation: M-1 random helpers
             b. REPLACE  t <= F: R random candidates against the R worst helpers, keep the best R
-            c. REFRESH  t % nu == 0: re-download kept helpers that uploaded since
+            c. REFRESH  t % nu == 0 (refresh_trigger): re-download kept helpers that uploaded since
             d. STATS    MC dropout of every helper on k's data -> Corr(k|j), p_bar, entropy
             e. AGG      w_k = sum_j Corr(k|j) w_j / sum_j Corr(k|j)
             f. PSEUDO   y_hat_i = p_bar of the least uncertain helper on x_i
-            g. TRAIN    E epochs on mu_k CE(labeled) + (1 - mu_k) KL(y_hat || f_w(x))
+            g. TRAIN    E epochs on mu_k CE(labeled) + (1 - mu_k) KL(y_hat || f_w(x)) (kl_direction)
             h. UPLOAD   pool[k] = w_k, pool_ver[k] = t
 
 Every step is array code over the client's M helper slots; the engine maps it over the cohort.
@@ -54,7 +54,13 @@ from fedjax_semi.engine.keys import (
     WARMUP,
     client_key,
 )
-from fedjax_semi.engine.train import Schedule, kl_divergence, local_train, masked_mean
+from fedjax_semi.engine.train import (
+    Schedule,
+    kl_divergence,
+    local_train,
+    masked_mean,
+    reverse_kl_divergence,
+)
 from fedjax_semi.errors import bad
 from fedjax_semi.kernels.selection import lowest_mask, merge_best, sample_excluding
 from fedjax_semi.kernels.uncertainty import (
@@ -86,7 +92,8 @@ PyTree = Any
 class UMInputs:
     """prepare -> client_round, one row per cohort client [S, ...]: its id, labeled and unlabeled
     tables, own model, helper list (ids [M], valid [M]), its cached helper copies [M-1, ...]
-    with their versions [M-1], and how often it has participated."""
+    with their versions [M-1], how often it has participated, and (refresh_trigger:
+    per_client_elapsed only, else None) the round of its last refresh."""
 
     id: jax.Array
     lab: RoleTable
@@ -97,6 +104,7 @@ class UMInputs:
     cache: PyTree
     cver: jax.Array
     part: jax.Array
+    last: jax.Array | None = None
 
 
 @dataclasses.dataclass
@@ -125,6 +133,8 @@ class UMPFSSL(FedAvgFamily):
             "participations": jnp.zeros((k,), jnp.int32),
             "comm": {c: jnp.zeros((), jnp.int32) for c in COUNTERS},
         }
+        if self.cfg.refresh_trigger == "per_client_elapsed":
+            extra["last_refresh"] = jnp.zeros((k,), jnp.int32)  # the warm-up counts as round 0
         return state.replace(extra=extra)
 
     has_warmup: ClassVar[bool] = True
@@ -150,11 +160,16 @@ class UMPFSSL(FedAvgFamily):
     # ------------------------------------------------------------------ one round
 
     def round_flags(self, t: int) -> tuple[bool, bool]:
-        """(replace possible, refresh active: t % nu == 0), compiled as static switches. With
-        search_schedule=per_client_participations each client decides in the round."""
+        """(replace possible, refresh possible), compiled as static switches. Refresh
+        (docs/choices.md, UM-pFSSL A8): global_mod t % nu == 0; every_round_after_nu t >= nu
+        (Alg. 1 l.12); per_client_elapsed t >= nu, and each sampled client refreshes if nu
+        rounds have passed since its last refresh. With search_schedule=
+        per_client_participations each client decides in the round whether it searches."""
         c = self.cfg
         searching = t <= c.search_rounds if c.search_schedule == "global_rounds" else True
-        return searching, t % c.refresh_period == 0
+        if c.refresh_trigger == "global_mod":
+            return searching, t % c.refresh_period == 0
+        return searching, t >= c.refresh_period
 
     def client_update_for(self, flags: tuple[bool, bool]):
         if flags not in self._updates:
@@ -180,6 +195,7 @@ class UMPFSSL(FedAvgFamily):
             cache=gather(ex["cache"], cohort),
             cver=ex["cache_ver"][cohort],
             part=ex["participations"][cohort],
+            last=ex["last_refresh"][cohort] if "last_refresh" in ex else None,
         )
         shared = RoundShared(
             state.client_vars, data.x, data.y, state.round + 1, key, ex["pool_ver"]
@@ -197,6 +213,7 @@ class UMPFSSL(FedAvgFamily):
             return pair_stats(
                 self.model, v, shared.x, shared.y, unl.idx, unl.count, lab.idx, lab.count,
                 mu, key, c.mc_samples, c.corr_form, c.entropy_reduction, c.entropy_eps, c.acc_mode,
+                c.mc_bn_mode,
             )  # fmt: skip
 
         return map_within_client(one, models, keys)
@@ -257,21 +274,33 @@ class UMPFSSL(FedAvgFamily):
                 hidx, cache, cver, corr = jax.lax.cond(searching, search, keep, (hidx, cache, cver))
         n_replace = jnp.where(searching, R, 0).astype(jnp.int32)
 
-        # c. REFRESH (t % nu == 0): re-download kept helpers whose upload is newer than our copy.
+        # c. REFRESH (refresh_trigger; t % nu == 0 by default): re-download kept helpers whose
+        # upload is newer than our copy.
         n_update = jnp.int32(0)
+        due = jnp.bool_(refresh)  # per_client_elapsed: nu rounds since this client's last one
+        if inp.last is not None:
+            due = due & (t - inp.last >= c.refresh_period)
         if refresh and c.helper_cache == "exact":
             current = lambda: self.helper_stats(
                 _stack(own, cache), hidx, MC_REFRESH, inp, shared, mu
             )["corr"]
-            if corr is None:
-                corr = current()
-            elif c.search_schedule != "global_rounds":
-                corr = jax.lax.cond(searching, lambda: corr, current)
+
+            def refresh_corr(prev=corr):
+                if prev is None:
+                    return current()
+                if c.search_schedule != "global_rounds":
+                    return jax.lax.cond(searching, lambda: prev, current)
+                return prev
+
+            if inp.last is None:
+                corr = refresh_corr()
+            else:  # skip the MC passes of clients not due (under vmap both branches run)
+                corr = jax.lax.cond(due, refresh_corr, lambda: jnp.zeros(M, jnp.float32))
             keep = jnp.ones(M - 1, bool)
             if not c.refresh_lowest_r:
                 keep = ~lowest_mask(corr[1:][None], R)[0]
             latest = pool_ver[hidx[1:]]
-            need = keep & (latest > cver)
+            need = keep & (latest > cver) & due
             cache = _where(need, gather(pool, hidx[1:]), cache)
             cver = jnp.where(need, latest, cver)
             n_update = jnp.sum(need)
@@ -279,9 +308,7 @@ class UMPFSSL(FedAvgFamily):
         # d. STATS on the final list; e. AGG; f. PSEUDO.
         helpers = _stack(own, cache)
         st = self.helper_stats(helpers, hidx, MC_STATS, inp, shared, mu)
-        omega = aggregation_weights(st["corr"][None], hval[None])
-        agg = personalized_average(omega, jax.tree.map(lambda a: a[None], helpers))
-        agg = jax.tree.map(lambda a: a[0], agg)
+        agg = self.aggregate(st["corr"], hval, helpers, own)
         p_bar, ent = st["p_bar_u"], st["ent_u"]
         if c.self_pl_model == "post_aggregation":
             own_st = self.helper_stats(
@@ -301,7 +328,7 @@ class UMPFSSL(FedAvgFamily):
         new_vars, stats = self.train_personal(agg, inp, shared, y_hat, keep, mu)
         nu_max = unl.idx.shape[0]
         unl_mask = jnp.arange(nu_max) < n_u
-        return {
+        out = {
             "vars": new_vars,
             "hidx": hidx,
             "hval": hval,
@@ -331,6 +358,20 @@ class UMPFSSL(FedAvgFamily):
                 unl_mask & hval[:, None], jnp.argmax(st["p_bar_u"], -1), -1
             ),
         }
+        if inp.last is not None:
+            out["last"] = jnp.where(due, t, inp.last)
+        return out
+
+    def aggregate(self, corr, valid, helpers, own):
+        """Alg. 1 l.14-15: the Corr-weighted average of the helpers [M, ...] (valid [M]).
+        aggregate_bn_stats=false keeps the client's own BatchNorm running statistics instead
+        of averaging them (docs/choices.md, UM-pFSSL A21)."""
+        omega = aggregation_weights(corr[None], valid[None])
+        agg = personalized_average(omega, jax.tree.map(lambda a: a[None], helpers))
+        agg = jax.tree.map(lambda a: a[0], agg)
+        if not self.cfg.aggregate_bn_stats and "batch_stats" in agg:
+            agg = {**agg, "batch_stats": own["batch_stats"]}
+        return agg
 
     def train_personal(self, agg, inp, shared, y_hat, keep, mu):
         """E local epochs from the aggregated model (docs/choices.md, UM-pFSSL A3); momentum
@@ -358,6 +399,9 @@ class UMPFSSL(FedAvgFamily):
             idx = jnp.where(is_lab, lab.idx[jnp.clip(p, 0, ns_max - 1)], unl.idx[upos])
             target = jnp.where(is_lab[:, None], one_hot(idx), y_hat[upos])
             weight = jnp.where(is_lab, mu, (1.0 - mu) * keep[upos])
+            extras = {"target": target, "weight": weight}
+            if c.kl_direction == "model_to_target":
+                extras["reverse"] = ~is_lab  # labeled rows keep CE (KL of a one-hot target)
             new_vars, _, stats = train(
                 variables=agg,
                 opt_state=self.tx.init(agg["params"]),
@@ -365,14 +409,17 @@ class UMPFSSL(FedAvgFamily):
                 schedule=self.schedule,
                 key_sample=key_s,
                 key_dropout=key_d,
-                extras={"target": target, "weight": weight},
+                extras=extras,
             )
             return new_vars, stats
 
         one_epoch = Schedule(self.schedule.batch_size, 1, 0)
+        unl_extras = {"target": y_hat, "weight": keep.astype(jnp.float32)}
+        if c.kl_direction == "model_to_target":
+            unl_extras["reverse"] = jnp.ones(unl.idx.shape[0], bool)
         passes = [
             (lab, {"target": one_hot(lab.idx), "weight": jnp.ones(lab.idx.shape[0])}),
-            (unl, {"target": y_hat, "weight": keep.astype(jnp.float32)}),
+            (unl, unl_extras),
         ]
 
         def epoch(carry, e):
@@ -399,11 +446,15 @@ class UMPFSSL(FedAvgFamily):
     def um_objective(self, params, model_state, batch, rng, anchor, pl_on):
         """(mu CE(labeled) + (1 - mu) KL(y_hat || f_w)) summed over the batch / n_valid (Eq. 1;
         docs/choices.md, UM-pFSSL A15, A16). Labeled targets are one-hot, for which KL equals
-        CE."""
+        CE. kl_direction=model_to_target: rows with batch["reverse"] (the pseudo-labeled ones)
+        take KL(f_w || y_hat), Alg. 1 l.20 as printed."""
         logits, new_state = self.model.apply(
             {"params": params, **model_state}, batch["x"], train=True, rng=rng, mask=batch["valid"]
         )
-        per = kl_divergence(logits, batch["target"]) * batch["weight"]
+        per = kl_divergence(logits, batch["target"])
+        if "reverse" in batch:
+            per = jnp.where(batch["reverse"], reverse_kl_divergence(logits, batch["target"]), per)
+        per = per * batch["weight"]
         return masked_mean(per, batch["valid"]), (new_state, {"pl_rate": jnp.zeros(())})
 
     def finish(self, state: FLState, cohort, out, key: jax.Array):
@@ -421,6 +472,8 @@ class UMPFSSL(FedAvgFamily):
             "participations": ex["participations"].at[cohort].add(1),
             "comm": comm,
         }
+        if "last_refresh" in ex:
+            extra["last_refresh"] = ex["last_refresh"].at[cohort].set(out["last"])
         metrics = {
             **cohort_metrics(cohort, out, out["vars"]),
             "pl_from_self": jnp.mean(out["pl_from_self"]),

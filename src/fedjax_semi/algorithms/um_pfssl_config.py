@@ -18,6 +18,9 @@ CHOICES = {
     "acc_mode": ("mc_mean", "deterministic"),
     "loss_schedule": ("joint", "alternating"),
     "search_schedule": ("global_rounds", "per_client_participations"),
+    "refresh_trigger": ("global_mod", "per_client_elapsed", "every_round_after_nu"),
+    "kl_direction": ("target_to_model", "model_to_target"),
+    "mc_bn_mode": ("running", "batch"),
 }
 
 
@@ -44,6 +47,12 @@ class UMPFSSLConfig(FedAvgConfig):
     acc_mode: str = "mc_mean"  # Acc(k|j) from the MC mean | deterministic (dropout off), A12
     loss_schedule: str = "joint"  # joint (Eq. 1's mu weights) | alternating (Alg. 1 l.19-20), A16
     search_schedule: str = "global_rounds"  # t <= F | per_client_participations (first F), A43
+    # When kept helpers refresh (A8): t % nu == 0 | >= nu rounds since this client's last
+    # refresh | every round t >= nu (Alg. 1 l.12 literally).
+    refresh_trigger: str = "global_mod"
+    kl_direction: str = "target_to_model"  # KL(y_hat || f_w) | KL(f_w || y_hat) as printed, A15
+    aggregate_bn_stats: bool = True  # BN running stats Corr-averaged too | kept local (A21)
+    mc_bn_mode: str = "running"  # BN in the MC passes: running stats | batch stats (A26)
 
     pl_threshold_nullable: ClassVar[bool] = True  # null keeps every pseudo-label
 
@@ -59,6 +68,11 @@ class UMPFSSLConfig(FedAvgConfig):
         check_choice("algorithm.acc_mode", self.acc_mode, CHOICES["acc_mode"])
         check_choice("algorithm.loss_schedule", self.loss_schedule, CHOICES["loss_schedule"])
         check_choice("algorithm.search_schedule", self.search_schedule, CHOICES["search_schedule"])
+        check_choice("algorithm.refresh_trigger", self.refresh_trigger, CHOICES["refresh_trigger"])
+        check_choice("algorithm.kl_direction", self.kl_direction, CHOICES["kl_direction"])
+        check_choice("algorithm.mc_bn_mode", self.mc_bn_mode, CHOICES["mc_bn_mode"])
+        if not isinstance(self.aggregate_bn_stats, bool):
+            raise bad("algorithm.aggregate_bn_stats", self.aggregate_bn_stats, "true or false")
         if self.refresh_period < 1 or self.mc_samples < 1 or self.search_rounds < 0:
             raise bad(
                 "algorithm.refresh_period",

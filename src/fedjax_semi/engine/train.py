@@ -50,6 +50,14 @@ def kl_divergence(logits: jax.Array, target_probs: jax.Array) -> jax.Array:
     return jnp.sum(target_probs * (logt - jax.nn.log_softmax(logits)), axis=-1)
 
 
+def reverse_kl_divergence(logits: jax.Array, target_probs: jax.Array) -> jax.Array:
+    """Per-example KL(softmax(logits) || target): [B, K], [B, K] -> [B]. The target is floored
+    at 1e-12, so a one-hot target gives a large but finite loss."""
+    logp = jax.nn.log_softmax(logits)
+    logt = jnp.log(jnp.clip(target_probs, 1e-12, 1.0))
+    return jnp.sum(jnp.exp(logp) * (logp - logt), axis=-1)
+
+
 def sq_distance(a: PyTree, b: PyTree) -> jax.Array:
     """||a - b||^2 over all leaves."""
     pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)

@@ -23,26 +23,55 @@ EPS_H = 1e-6  # floor of H in Corr's reciprocal term (docs/choices.md, UM-pFSSL 
 # ------------------------------------------------------------------------- MC dropout (Eqs. 9, 10)
 
 
-def mc_logits(model: Model, variables: PyTree, x: jax.Array, keys: jax.Array) -> jax.Array:
+def mc_logits(
+    model: Model,
+    variables: PyTree,
+    x: jax.Array,
+    keys: jax.Array,
+    bn_mode: str = "running",
+    mask: jax.Array | None = None,
+) -> jax.Array:
     """Logits of T dropout samples: x [N, ...], keys [T] -> [T, N, NC].
 
-    BatchNorm runs on its running statistics; only dropout is random (docs/choices.md, UM-pFSSL
-    A26). Models that expose a deterministic `prefix` and a stochastic `suffix` (ResNet-9) run
+    bn_mode "running": BatchNorm runs on its running statistics; only dropout is random
+    (docs/choices.md, UM-pFSSL A26). "batch": BatchNorm normalizes with the statistics of x's
+    rows where mask [N] is true (all rows without a mask), as in training; the running
+    statistics are not updated. Models without BatchNorm give the same logits either way.
+    Models that expose a deterministic `prefix` and a stochastic `suffix` (ResNet-9) run
     the prefix once and vmap only the suffix over the keys, which is the same function
     (test_prefix_suffix_equals_whole_network_ac3 compares the two).
     """
-    module = model.module
+    if bn_mode not in ("running", "batch"):
+        raise ValueError(
+            f"algorithm.mc_bn_mode={bn_mode!r} is not allowed: one of ['running', 'batch']"
+        )
+    module, batch = model.module, bn_mode == "batch"
+    if batch and mask is None:
+        mask = jnp.ones(x.shape[0], bool)
     if hasattr(module, "prefix") and hasattr(module, "suffix"):
         h = model.preprocess(x)
-        skip, a = module.apply(variables, h, False, method="prefix")
+        if batch:
+            (skip, a), _ = module.apply(
+                variables, h, True, mask, method="prefix", mutable=["batch_stats"]
+            )
+        else:
+            skip, a = module.apply(variables, h, False, method="prefix")
 
         def suffix(k):
-            out = module.apply(
-                variables, skip, a, False, True, method="suffix", rngs={"dropout": k}
-            )
+            if batch:
+                out, _ = module.apply(
+                    variables, skip, a, True, False, mask, method="suffix",
+                    rngs={"dropout": k}, mutable=["batch_stats"],
+                )  # fmt: skip
+            else:
+                out = module.apply(
+                    variables, skip, a, False, True, method="suffix", rngs={"dropout": k}
+                )
             return out.astype(jnp.float32)
 
         return jax.vmap(suffix)(keys)
+    if batch:
+        return jax.vmap(lambda k: model.apply(variables, x, train=True, rng=k, mask=mask)[0])(keys)
     return jax.vmap(lambda k: model.apply(variables, x, mc=True, rng=k)[0])(keys)
 
 
@@ -61,17 +90,24 @@ def predictive_entropy(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def mc_predict(
-    model: Model, variables: PyTree, x: jax.Array, key: jax.Array, num_samples: int
+    model: Model,
+    variables: PyTree,
+    x: jax.Array,
+    key: jax.Array,
+    num_samples: int,
+    bn_mode: str = "running",
+    mask: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """MC-dropout predictive distribution: x [N, ...] -> (p_bar [N, NC], entropy [N]).
 
-    num_samples = 0 is the deterministic network (dropout off), as one sample.
+    num_samples = 0 is the deterministic network (dropout off, BatchNorm on its running
+    statistics whatever bn_mode), as one sample. bn_mode, mask: as in `mc_logits`.
     """
     if num_samples == 0:
         logits = model.apply(variables, x)[0].astype(jnp.float32)
         return predictive_entropy(logits[None])
     keys = jax.random.split(key, num_samples)
-    return predictive_entropy(mc_logits(model, variables, x, keys))
+    return predictive_entropy(mc_logits(model, variables, x, keys, bn_mode, mask))
 
 
 def mc_predict_rows(
@@ -83,12 +119,14 @@ def mc_predict_rows(
     key: jax.Array,
     num_samples: int,
     block: int = 128,
+    bn_mode: str = "running",
 ) -> tuple[jax.Array, jax.Array]:
     """mc_predict over one client's padded index row idx [N] (count valid), block by block.
 
     Blocks past the client's data are skipped when the client is mapped on its own (under
     vmap both branches of the cond run); padded rows give p_bar 0 and entropy 0. Block b uses
     key fold_in(key, b), so results depend on the block size but not on the padding.
+    bn_mode "batch": BatchNorm's batch is the block's valid rows (of at most `block`).
     """
     n = idx.shape[0]
     block = min(block, n)
@@ -100,9 +138,13 @@ def mc_predict_rows(
         b, ids = args
 
         def compute(_):
+            mask = None
+            if bn_mode == "batch":
+                mask = b * block + jnp.arange(block) < count
             return mc_predict(
-                model, variables, data_x[ids], jax.random.fold_in(key, b), num_samples
-            )
+                model, variables, data_x[ids], jax.random.fold_in(key, b), num_samples,
+                bn_mode, mask,
+            )  # fmt: skip
 
         def skip(_):
             return jnp.zeros((block, num_classes)), jnp.zeros((block,))
@@ -176,25 +218,29 @@ def pair_stats(
     reduction: str = "mean",
     eps: float = EPS_H,
     acc_mode: str = "mc_mean",
+    bn_mode: str = "running",
 ) -> dict:
     """Helper model `variables` on one client's data: the Eq. 12-14 statistics of one pair.
 
     unl_idx [Nu], lab_idx [Ns]: the client's index rows; counts are the valid lengths.
     acc_mode: Acc(k|j) from the argmax of the MC mean ("mc_mean") or of the network with
-    dropout off ("deterministic"); docs/choices.md, UM-pFSSL A12.
+    dropout off ("deterministic"); docs/choices.md, UM-pFSSL A12. bn_mode: BatchNorm in the
+    MC passes, "running" or "batch" statistics (A26 there; see `mc_logits`).
     Returns corr, h_bar, acc, p_bar_u [Nu, NC] (zero on padding) and ent_u [Nu] (+inf on
     padding, so a padded row never wins an argmin).
     """
     mask_u = jnp.arange(unl_idx.shape[0]) < unl_count
     mask_s = jnp.arange(lab_idx.shape[0]) < lab_count
     ku, ks = jax.random.split(key)
-    p_u, ent_u = mc_predict_rows(model, variables, data_x, unl_idx, unl_count, ku, num_samples)
+    p_u, ent_u = mc_predict_rows(
+        model, variables, data_x, unl_idx, unl_count, ku, num_samples, bn_mode=bn_mode
+    )
     if acc_mode not in ("mc_mean", "deterministic"):
         raise ValueError(
             f"algorithm.acc_mode={acc_mode!r} is not allowed: one of ['mc_mean', 'deterministic']"
         )
     t_s = num_samples if acc_mode == "mc_mean" else 0
-    p_s, _ = mc_predict_rows(model, variables, data_x, lab_idx, lab_count, ks, t_s)
+    p_s, _ = mc_predict_rows(model, variables, data_x, lab_idx, lab_count, ks, t_s, bn_mode=bn_mode)
     stats = relation_metric(
         ent_u, mask_u, p_s, labels[lab_idx], mask_s, mu, p_u.shape[-1], form, reduction, eps
     )
