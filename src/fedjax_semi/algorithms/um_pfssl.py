@@ -160,16 +160,8 @@ class UMPFSSL(FedAvgFamily):
     # ------------------------------------------------------------------ one round
 
     def round_flags(self, t: int) -> tuple[bool, bool]:
-        """(replace possible, refresh possible), compiled as static switches. Refresh
-        (docs/choices.md, UM-pFSSL A8): global_mod t % nu == 0; every_round_after_nu t >= nu
-        (Alg. 1 l.12); per_client_elapsed t >= nu, and each sampled client refreshes if nu
-        rounds have passed since its last refresh. With search_schedule=
-        per_client_participations each client decides in the round whether it searches."""
-        c = self.cfg
-        searching = t <= c.search_rounds if c.search_schedule == "global_rounds" else True
-        if c.refresh_trigger == "global_mod":
-            return searching, t % c.refresh_period == 0
-        return searching, t >= c.refresh_period
+        """(replace possible, refresh possible) in round t: `UMPFSSLConfig.round_flags`."""
+        return self.cfg.round_flags(t)
 
     def client_update_for(self, flags: tuple[bool, bool]):
         if flags not in self._updates:

@@ -87,3 +87,14 @@ class UMPFSSLConfig(FedAvgConfig):
                 "alternating",
                 "'joint' when training by steps (epochs 0)",
             )
+
+    def round_flags(self, t: int) -> tuple[bool, bool]:
+        """(replace possible, refresh possible) in round t, compiled as static switches.
+        Refresh (docs/choices.md, UM-pFSSL A8): global_mod t % nu == 0; every_round_after_nu
+        t >= nu (Alg. 1 l.12); per_client_elapsed t >= nu, and each sampled client refreshes if
+        nu rounds have passed since its last refresh. With search_schedule=
+        per_client_participations each client decides in the round whether it searches."""
+        searching = t <= self.search_rounds if self.search_schedule == "global_rounds" else True
+        if self.refresh_trigger == "global_mod":
+            return searching, t % self.refresh_period == 0
+        return searching, t >= self.refresh_period
