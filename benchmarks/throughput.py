@@ -106,12 +106,13 @@ def peak_memory() -> dict:
     return {"peak_bytes": int(rss), "peak_kind": "process_rss"}
 
 
-def run_torch(w: Workload, ds, exp, **kw) -> dict:
-    """The PyTorch per-client loop on the same data and client split as `exp`."""
+def run_torch(w: Workload, ds, exp, rounds: int, **kw) -> dict:
+    """`rounds` rounds of the PyTorch per-client loop on the same data and client split as
+    `exp`; kw: TorchFedAvg's seed, device, threads, init."""
     import torch_loop
 
     x = (ds.x_train, ds.y_train, client_indices(exp), ds.x_test, ds.y_test, ds.mean, ds.std)
-    return torch_loop.torch_fedavg(w, *x, **kw)
+    return torch_loop.torch_fedavg(torch_loop.TorchFedAvg(w, *x, **kw), rounds)
 
 
 def client_indices(exp) -> list[np.ndarray]:

@@ -275,31 +275,13 @@ class TorchFedAvg:
         return time.perf_counter() - t0
 
 
-def torch_fedavg(
-    w: Workload,
-    x_train: np.ndarray,
-    y_train: np.ndarray,
-    client_idx: list[np.ndarray],
-    x_test: np.ndarray,
-    y_test: np.ndarray,
-    mean: Sequence[float],
-    std: Sequence[float],
-    rounds: int,
-    seed: int = 0,
-    device: str = "cpu",
-    threads: int | None = None,
-    init: str = "native",
-    eval_every: int = 0,
-) -> dict:
+def torch_fedavg(fl: TorchFedAvg, rounds: int, eval_every: int = 0) -> dict:
     """`rounds` rounds of `TorchFedAvg`; eval_every > 0 also evaluates the global model every
     eval_every rounds, as a run does.
 
     Returns {"first_round_s", "round_s" (rounds after the first), "accuracy" (final global model
     on the test set), "eval_s" (that test evaluation's seconds), "eval_s_all" (every one),
     "train_loss_last_round" (mean over the examples of the last round), "params", "cohort"}."""
-    fl = TorchFedAvg(
-        w, x_train, y_train, client_idx, x_test, y_test, mean, std, seed, device, threads, init
-    )
     times: list[float] = []
     eval_times: list[float] = []
     for rnd in range(1, rounds + 1):
@@ -310,7 +292,7 @@ def torch_fedavg(
     return {
         "first_round_s": times[0] if times else None,
         "round_s": times[1:],
-        "accuracy": fl.correct / max(len(x_test), 1),
+        "accuracy": fl.correct / max(len(fl.x_test), 1),
         "eval_s": eval_times[-1],
         "eval_s_all": eval_times,
         "train_loss_last_round": fl.last_loss,
@@ -349,21 +331,10 @@ def main() -> None:
         ds = synthetic_dataset(w, clients=clients, seed=args.seed)
     else:
         ds = learnable_dataset(w, clients=clients, seed=args.seed)
-    res = torch_fedavg(
-        w,
-        ds.x_train,
-        ds.y_train,
-        iid_split(clients, w.per_client, args.seed),
-        ds.x_test,
-        ds.y_test,
-        ds.mean,
-        ds.std,
-        rounds=args.rounds,
-        seed=args.seed,
-        device=args.device,
-        threads=args.threads,
-        eval_every=args.eval_every,
-    )
+    split = iid_split(clients, w.per_client, args.seed)
+    data = (ds.x_train, ds.y_train, split, ds.x_test, ds.y_test, ds.mean, ds.std)
+    fl = TorchFedAvg(w, *data, seed=args.seed, device=args.device, threads=args.threads)
+    res = torch_fedavg(fl, rounds=args.rounds, eval_every=args.eval_every)
     # Steady state: the median of the rounds after the first (the first when there is only one).
     steady = statistics.median(res["round_s"]) if res["round_s"] else res["first_round_s"]
     cohort = res["cohort"]

@@ -40,6 +40,7 @@ from fedjax_semi.algorithms.base import (
 from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check
 from fedjax_semi.algorithms.um_pfssl_config import UMPFSSLConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
+from fedjax_semi.engine.aggregate import select_rows
 from fedjax_semi.engine.clients import broadcast, gather, map_within_client, scatter
 from fedjax_semi.engine.keys import (
     CANDIDATE,
@@ -71,13 +72,6 @@ from fedjax_semi.kernels.uncertainty import (
 )
 
 COUNTERS = ("fill_downloads", "replace_downloads", "update_downloads", "uploads", "warmup_uploads")
-
-
-def _where(mask, new, old):
-    """Per-slot select over a [M, ...]-stacked tree: mask [M]."""
-    return jax.tree.map(
-        lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old
-    )
 
 
 def _stack(head, tail):
@@ -246,7 +240,7 @@ class UMPFSSL(FedAvgFamily):
         taken = jnp.zeros(self.num_clients, bool).at[jnp.where(hval, hidx, k)].set(True)
         drawn = sample_excluding(client_key(shared.key, FILL, t, k), taken[None], M - 1)[0]
         tail = jnp.where(missing, drawn, hidx[1:])
-        cache = _where(missing, gather(pool, tail), cache)
+        cache = select_rows(missing, gather(pool, tail), cache)
         cver = jnp.where(missing, pool_ver[tail], cver)
         n_fill = jnp.sum(missing)
         hidx, hval = jnp.concatenate([k[None], tail]), jnp.ones(M, bool)
@@ -293,7 +287,7 @@ class UMPFSSL(FedAvgFamily):
                 keep = ~lowest_mask(corr[1:][None], R)[0]
             latest = pool_ver[hidx[1:]]
             need = keep & (latest > cver) & due
-            cache = _where(need, gather(pool, hidx[1:]), cache)
+            cache = select_rows(need, gather(pool, hidx[1:]), cache)
             cver = jnp.where(need, latest, cver)
             n_update = jnp.sum(need)
 

@@ -52,6 +52,13 @@ def merge(shared: PyTree, personal: PyTree, mask: PyTree) -> PyTree:
     return jax.tree.map(lambda m, s, p: s if m else p, mask, shared, personal)
 
 
+def select_rows(mask: jax.Array, new: PyTree, old: PyTree) -> PyTree:
+    """Per leaf of two stacked trees [N, ...], new[i] where mask[i] (bool [N]), else old[i]."""
+    return jax.tree.map(
+        lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old
+    )
+
+
 def weighted_mean(stacked: PyTree, weights: jax.Array) -> PyTree:
     """Weighted mean over the leading client axis. stacked leaves [S, ...], weights [S].
 

@@ -16,6 +16,7 @@ from fedjax_semi.algorithms.base import Algorithm
 from fedjax_semi.config import StopConfig
 from fedjax_semi.data.federated import FederatedData
 from fedjax_semi.engine import distributed
+from fedjax_semi.engine.aggregate import select_rows
 from fedjax_semi.engine.clients import LoopMapper, jit_forwarding_inputs, map_clients, map_groups
 from fedjax_semi.engine.loop import (
     Checkpoints,
@@ -203,11 +204,7 @@ class Runner:
 
 def keep_replicas(new: FLState, old: FLState, active: jax.Array) -> FLState:
     """Per leaf, new[r] where active[r] (bool [R]), else old[r]."""
-
-    def pick(n, o):
-        return jnp.where(active.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
-
-    return jax.tree.map(pick, new, old)
+    return select_rows(active, new, old)
 
 
 AUTO_CHUNKS = (1, 4, 16, 64, 256)

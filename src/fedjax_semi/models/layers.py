@@ -8,7 +8,7 @@ convolution as im2col + one matmul (a batched ``dot_general`` under vmap) avoids
 both. For one client at a time (no vmap: ``chunk=1``, the reference loop, the server), XLA's
 own convolution is faster still, provided its gradient is written as two forward
 convolutions in the canonical NHWC/HWIO layout (:func:`lax_conv`): XLA:CPU runs the
-convolutions that autodiff emits 15-50x slower inside a loop body. :class:`Conv`'s
+convolutions that autodiff emits 6-31x slower inside a loop body. :class:`Conv`'s
 ``impl="auto"`` picks im2col under a vmap over clients and :func:`lax_conv` otherwise. Which is
 faster for one client depends on the model (docs/benchmarks.md, "W0"): im2col for the FedAvg
 CNN and simple_cnn (training-bound), auto for ResNet-9 under UM-pFSSL (forward-heavy).
