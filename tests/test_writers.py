@@ -138,3 +138,22 @@ def test_mlflow_without_the_package_fails_with_one_line(monkeypatch):
 
 def test_config_and_writers_name_the_same_writers():
     assert set(config.WRITERS) == set(writers.WRITERS)
+
+
+def test_a_writer_started_within_the_same_second_keeps_the_earlier_file(tmp_path):
+    """tensorboardX names event files by the second and the host: a resume that starts its
+    writer in the second the last one started must not truncate that file (it did, and the
+    resume test above failed whenever a run and its resume fell into one second)."""
+    from fedjax_semi.engine.loop import Run
+
+    first = Run([tmp_path], None, 2)
+    tb = writers.TensorBoard()
+    tb.start(first)
+    tb.write(first, 1, {0: {"round": 1, "train_loss": 1.0}})
+    tb.end(first, None)
+    resumed = Run([tmp_path], None, 2, start=1, resumed=True)
+    tb.start(resumed)  # at once: the same second, almost always
+    tb.write(resumed, 2, {0: {"round": 2, "train_loss": 0.5}})
+    tb.end(resumed, None)
+    assert len(list((tmp_path / "tensorboard").glob("*tfevents*"))) == 2
+    assert read_scalars(tmp_path / "tensorboard")["train/loss"] == {1: 1.0, 2: 0.5}

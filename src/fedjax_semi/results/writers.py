@@ -87,7 +87,13 @@ class TensorBoard(Hook):
             if not run.resumed:
                 shutil.rmtree(path, ignore_errors=True)
             purge = run.start + 1 if run.resumed else None
-            self.writers.append(SummaryWriter(str(path), purge_step=purge, flush_secs=10))
+            # tensorboardX names a file by the second and the host only: a run resumed within
+            # the second its directory's last writer started would truncate that file. A
+            # nanosecond suffix keeps names apart and in the order TensorBoard reads them in.
+            suffix = f".{time.time_ns():020d}"
+            self.writers.append(
+                SummaryWriter(str(path), purge_step=purge, flush_secs=10, filename_suffix=suffix)
+            )
 
     def write(self, run: Run, rnd: int, rows: Rows) -> None:
         for r, row in rows.items():
