@@ -192,7 +192,9 @@ def test_dropout_inverted_and_switchable() -> None:
 
 
 def test_registry_and_validation() -> None:
-    assert model_names() == sorted(MODELS) == ["cnn", "mlp", "resnet9", "simple_cnn", "text"]
+    assert (
+        model_names() == sorted(MODELS) == ["cnn", "mlp", "resnet9", "simple_cnn", "text", "vgg9"]
+    )
     allowed = "cnn, mlp, resnet9, simple_cnn, text"
     with pytest.raises(ValueError, match=rf"model\.name.*'bogus'.*{allowed}"):
         make_model("bogus", SHAPE, 10)
@@ -218,6 +220,21 @@ def test_dofed_cnn_param_count() -> None:
         assert num_params(jax.eval_shape(model.init, jax.random.key(0))) == want
     with pytest.raises(ValueError, match=r"model\.conv_kernel"):
         make_model("cnn", SHAPE, 10, conv_kernel=0)
+
+
+def test_vgg9_param_count_and_dropout() -> None:
+    # FedMA's VGG-9, "3.49 M parameters" in Ada-FedSemi's Sec. 5.1: convs 896 + 18,496 +
+    # 73,856 + 147,584 + 295,168 + 590,080, FC 2,097,664 + 262,656 + 5,130 = 3,491,530.
+    model = make_model("vgg9", (32, 32, 3), 10, dropout=0.1)
+    variables = model.init(jax.random.key(0))
+    assert num_params(variables) == 3_491_530
+    x = jax.random.uniform(jax.random.key(1), (2, 32, 32, 3), maxval=255.0)
+    det1, _ = model.apply(variables, x)
+    det2, _ = model.apply(variables, x)
+    mc, _ = model.apply(variables, x, mc=True, rng=jax.random.key(2))
+    assert det1.shape == (2, 10)
+    np.testing.assert_array_equal(det1, det2)
+    assert not np.allclose(det1, mc)  # dropout is on in MC passes
 
 
 def test_benchmark_workload_models_param_counts() -> None:

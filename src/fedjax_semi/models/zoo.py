@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_semi.models.architectures import CNN, MLP, ResNet9, SimpleCNN, TextClassifier, scaled
+from fedjax_semi.models.vgg import VGG9
 
 Array = jax.Array
 
@@ -31,6 +32,7 @@ MODEL_INPUT_KINDS: dict[str, tuple[str, ...]] = {
     "cnn": ("image",),
     "simple_cnn": ("image",),
     "resnet9": ("image",),
+    "vgg9": ("image",),
     "text": ("tokens",),
 }
 
@@ -160,6 +162,12 @@ def _build_resnet9(
     return ResNet9(num_classes, width, dropout, conv_impl, norm)
 
 
+def _build_vgg9(
+    num_classes: int, *, width: float, dropout: float, conv_impl: str, **_: Any
+) -> nn.Module:
+    return VGG9(num_classes, width, dropout, conv_impl)
+
+
 def _build_text(
     num_classes: int,
     *,
@@ -181,6 +189,7 @@ MODELS: dict[str, ModuleBuilder] = {
     "cnn": _build_cnn,
     "simple_cnn": _build_simple_cnn,
     "resnet9": _build_resnet9,
+    "vgg9": _build_vgg9,
     "text": _build_text,
 }
 
