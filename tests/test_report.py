@@ -95,3 +95,31 @@ def test_budget_time_needs_the_clock(tmp_path):
     with pytest.raises(ValueError, match="sim_time"):
         report(tmp_path, ["personal_acc"], budget_time=5.0)
     assert "50.00 ± 0.00" in report(tmp_path, ["personal_acc"], budget_rounds=5)
+
+
+def test_fa_rule_replays_the_stop_on_plateau(tmp_path, capsys):
+    """The FA rule cut: |m_r - m_(r-1)| < plateau in `patience` evaluations in a row, after
+    min_rounds. Evaluations at rounds 0, 2, 4, ...; a curve flat from round 4 stops at round 8
+    with patience 2 (flat at 6 and 8), and a run it never stops is read at the budget."""
+    flat = {0: 0.1, 2: 0.5, 4: 0.8, 6: 0.805, 8: 0.81, 10: 0.9}
+    _run(tmp_path / "a0", ["algorithm=a", "seed=0"], flat.__getitem__)
+    _run(tmp_path / "b0", ["algorithm=b", "seed=0"], lambda t: t / 10)  # steps of 0.2: never flat
+    from fedjax_semi.results.report import fa_stop_round
+
+    assert fa_stop_round(tmp_path / "a0", "personal_acc", (0.01, 2, 0)) == 8
+    assert fa_stop_round(tmp_path / "a0", "personal_acc", (0.01, 2, 9)) is None  # min_rounds
+    assert fa_stop_round(tmp_path / "a0", "personal_acc", (0.01, 1, 0)) == 6
+    assert fa_stop_round(tmp_path / "a0", "personal_acc", (0.01, 2, 0), budget_time=10.0) is None
+    assert fa_stop_round(tmp_path / "b0", "personal_acc", (0.01, 1, 0)) is None
+    text = report(tmp_path, ["personal_acc"], budget_time=12.0, fa_rule=(0.01, 2, 0))
+    rows = {ln.split("|")[1].strip(): ln.split("|")[2:-1] for ln in text.splitlines()[2:]}
+    assert "FA rule (0.01, 2, 0)" in text.splitlines()[0]
+    assert [c.strip() for c in rows["algorithm=a"]] == ["1", "81.00 ± 0.00", "8.0"]
+    assert [c.strip() for c in rows["algorithm=b"]] == ["1", "80.00 ± 0.00", "8.0"]  # budget
+    with pytest.raises(SystemExit) as e:
+        report_main([str(tmp_path), "--fa-rule", "0.01,0"])
+    assert e.value.code == 2 and "--fa-rule" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        report_main([str(tmp_path), "--fa-rule", "0,3,10"])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--fa-rule" in err

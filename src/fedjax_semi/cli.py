@@ -167,9 +167,26 @@ def report_main(argv: list[str] | None = None) -> None:
         default=None,
         help="the mean over each run's last K evaluations (within the budget, if one is given)",
     )
+    ap.add_argument(
+        "--fa-rule",
+        metavar="PLATEAU,PATIENCE,MIN_ROUNDS",
+        default=None,
+        help="cut each run where DoFed-SPP's FA rule would have stopped it (replayed on the "
+        "first metric's curve), e.g. 0.01,3,10; a run it never stops is read at the budget",
+    )
     args = ap.parse_args(argv)
     if not args.sweep_dir.is_dir():
         _fail(f"sweep_dir={str(args.sweep_dir)!r} is not a directory")
+    fa_rule = None
+    if args.fa_rule is not None:
+        try:
+            p, k, m = args.fa_rule.split(",")
+            fa_rule = (float(p), int(k), int(m))
+        except ValueError:
+            _fail(
+                f"--fa-rule={args.fa_rule!r} is not allowed: PLATEAU,PATIENCE,MIN_ROUNDS, "
+                "e.g. 0.01,3,10"
+            )
     try:
         edges = _edges(
             "--by-labeled-ratio", args.by_labeled_ratio, "numbers in [0, 1], e.g. 0,0.1,0.5,0.9,1"
@@ -186,6 +203,7 @@ def report_main(argv: list[str] | None = None) -> None:
             budget_time=args.budget_time,
             budget_rounds=args.budget_rounds,
             last_k=args.last_k,
+            fa_rule=fa_rule,
         )
         if edges is not None:
             md += "\n\nPersonal accuracy by labeled ratio:\n\n"

@@ -4,7 +4,10 @@ By default a run's value is its final evaluation (summary.json). For tables of r
 compare methods at an equal budget, ``report(budget_time=S)`` / ``budget_rounds=R`` take each
 run's last evaluation at or before simulated time S (``sim_time``) / round R from its
 metrics.jsonl, and ``last_k=K`` the mean over the last K evaluations within the budget (for
-methods whose accuracy oscillates). The std over seeds is the sample std (ddof=1).
+methods whose accuracy oscillates). ``fa_rule=(plateau, patience, min_rounds)`` replays
+DoFed-SPP's FA stopping rule (the engine's own `EarlyStopper`) on the first metric's recorded
+curve and cuts each run where the rule would have stopped it, so one set of budget runs also
+gives the paper's stop-on-plateau table. The std over seeds is the sample std (ddof=1).
 
 An experiment config may carry the paper's numbers as
     paper: [{where: {algorithm.name: fedavg, partition.alpha: 0.5}, accuracy: 0.71}, ...]
@@ -104,9 +107,24 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
 
 
-def _check_cut(budget_time: float | None, budget_rounds: int | None, last_k: int | None) -> None:
+def _check_cut(
+    budget_time: float | None,
+    budget_rounds: int | None,
+    last_k: int | None,
+    fa_rule: tuple[float, int, int] | None = None,
+) -> None:
     def bad(flag: str, value, allowed: str) -> ValueError:
         return ValueError(f"{flag}={value!r} is not allowed: {allowed}")
+
+    if fa_rule is not None:
+        ok = len(fa_rule) == 3 and fa_rule[0] > 0 and int(fa_rule[1]) >= 1 and int(fa_rule[2]) >= 0
+        if not ok:
+            raise bad(
+                "--fa-rule",
+                fa_rule,
+                "PLATEAU,PATIENCE,MIN_ROUNDS with plateau > 0, "
+                "patience >= 1 and min_rounds >= 0, e.g. 0.01,3,10",
+            )
 
     if budget_time is not None and not (
         isinstance(budget_time, int | float) and np.isfinite(budget_time) and budget_time >= 0
@@ -161,6 +179,35 @@ def cut_value(
     return float(np.mean([float(r[metric]) for r in last])), int(last[-1]["round"])
 
 
+def fa_stop_round(
+    run_dir: Path,
+    metric: str,
+    fa_rule: tuple[float, int, int],
+    budget_time: float | None = None,
+) -> int | None:
+    """The round at which the FA rule (|m_r - m_(r-1)| < plateau for `patience` evaluations in
+    a row, after `min_rounds`) stops a run, replayed on its metrics.jsonl with the engine's
+    EarlyStopper; None when it never fires (within the time budget, if one is given)."""
+    from fedjax_semi.config import StopConfig
+    from fedjax_semi.engine.loop import EarlyStopper
+
+    plateau, patience, min_rounds = fa_rule
+    stopper = EarlyStopper(
+        StopConfig(
+            metric=metric,
+            plateau=float(plateau),
+            patience=int(patience),
+            min_rounds=int(min_rounds),
+        )
+    )
+    for row in _eval_rows(run_dir):
+        if budget_time is not None and row.get("sim_time", 0.0) > budget_time:
+            return None
+        if row.get(metric) is not None and stopper.update(row["round"], float(row[metric])):
+            return int(row["round"])
+    return None
+
+
 def report(
     root: Path,
     metrics: list[str],
@@ -168,18 +215,26 @@ def report(
     budget_time: float | None = None,
     budget_rounds: int | None = None,
     last_k: int | None = None,
+    fa_rule: tuple[float, int, int] | None = None,
 ) -> str:
     """The table: one row per setting, the seed count and mean ± std over seeds per metric
-    (final evaluation, or the budget cut / last-k mean; see the module docstring)."""
-    _check_cut(budget_time, budget_rounds, last_k)
+    (final evaluation, or the budget cut / last-k mean / FA-rule cut; see the module
+    docstring). With ``fa_rule`` a run the rule never stops is read at the budget."""
+    _check_cut(budget_time, budget_rounds, last_k, fa_rule)
     cut = budget_time is not None or budget_rounds is not None or last_k is not None
+    cut = cut or fa_rule is not None
     groups = grouped_runs(root)
     runs = [r for rs in groups.values() for r in rs]
     values: dict[tuple[int, str], tuple[float, int] | None] = {}
     for r in runs:
+        stop_round = budget_rounds
+        if fa_rule is not None:
+            fa = fa_stop_round(r["dir"], metrics[0], fa_rule, budget_time)
+            if fa is not None:
+                stop_round = fa if budget_rounds is None else min(fa, budget_rounds)
         for m in metrics:
             if cut:
-                values[id(r), m] = cut_value(r["dir"], m, budget_time, budget_rounds, last_k)
+                values[id(r), m] = cut_value(r["dir"], m, budget_time, stop_round, last_k)
             else:
                 v = r["summary"].get("final", {}).get(m)
                 values[id(r), m] = None if v is None else (v, None)
@@ -192,6 +247,8 @@ def report(
         what.append(f"sim_time ≤ {budget_time:g} s")
     if budget_rounds is not None:
         what.append(f"round ≤ {budget_rounds}")
+    if fa_rule is not None:
+        what.append(f"FA rule ({fa_rule[0]:g}, {int(fa_rule[1]):d}, {int(fa_rule[2]):d})")
     tag = f", {', '.join(what)}" if what else ""
     header = ["setting", "seeds"] + [f"{m} (mean ± std{tag})" for m in metrics]
     if cut and metrics:
@@ -399,7 +456,8 @@ def ttap_rows(root: Path) -> list[dict]:
 
 def ttap(root: Path, out_dir: Path | None = None) -> tuple[Path, Path]:
     """ttap.csv and ttap.png (one panel per dataset x partition, one curve per method: the mean
-    over seeds of the last accuracy reached by each clock value) under out_dir (default root)."""
+    over seeds of the last accuracy reached by each clock value, shaded ± its std over seeds)
+    under out_dir (default root)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -435,7 +493,12 @@ def ttap(root: Path, out_dir: Path | None = None) -> tuple[Path, Path]:
                 clock, value = np.array(pts).T
                 pos = np.searchsorted(clock, grid, side="right") - 1  # last value reached
                 acc.append(np.where(pos >= 0, value[np.maximum(pos, 0)], np.nan))
-            ax.plot(grid, np.nanmean(acc, axis=0), drawstyle="steps-post", label=method)
+            mean, std = np.nanmean(acc, axis=0), np.nanstd(acc, axis=0)
+            line = ax.plot(grid, mean, drawstyle="steps-post", label=f"{method} ({len(acc)} seeds)")
+            if len(acc) > 1:  # shaded: mean ± std over seeds
+                ax.fill_between(
+                    grid, mean - std, mean + std, step="post", alpha=0.2, color=line[0].get_color()
+                )
         ax.set_title(f"{ds} {part}")
         ax.set_xlabel("simulated wall clock (s)")
         ax.set_ylabel("mean classification accuracy")
