@@ -193,9 +193,11 @@ def test_dropout_inverted_and_switchable() -> None:
 
 def test_registry_and_validation() -> None:
     assert (
-        model_names() == sorted(MODELS) == ["cnn", "mlp", "resnet9", "simple_cnn", "text", "vgg9"]
+        model_names()
+        == sorted(MODELS)
+        == ["cnn", "mlp", "resnet9", "simple_cnn", "svhn_cnn", "text", "text_cnn", "vgg9"]
     )
-    allowed = "cnn, mlp, resnet9, simple_cnn, text"
+    allowed = "cnn, mlp, resnet9, simple_cnn, svhn_cnn, text"
     with pytest.raises(ValueError, match=rf"model\.name.*'bogus'.*{allowed}"):
         make_model("bogus", SHAPE, 10)
     with pytest.raises(ValueError, match=r"model\.width"):

@@ -87,6 +87,7 @@ class DatasetConfig:
     # Keep the second dataset's labels, visible, as classes K .. K+P-1 after the task's K (FedMD's
     # labeled public set, its Sec. 2); false = an unlabeled pool.
     server_pool_labels: bool = False
+    image_size: int | None = None  # resize images to image_size^2 (STL-10 -> 32); null = as stored
     # Text datasets: vocabulary size (incl. padding and unknown ids) and sequence length.
     vocab_size: int = 20000
     seq_len: int = 128
@@ -155,6 +156,8 @@ class PartitionConfig:
     ada_variant: str = "noniid"  # iid | noniid (non-IID-zeta, dominant class m mod Q)
     ada_zeta: float = 0.5  # dominant-class share per client (the paper's: 0.5 / 0.6 / 0.75)
     server_unlabeled_size: int = 0  # random subset size of the server pool (0 = all the rest)
+    server_unlabeled_extra: bool = False  # the pool also draws on SVHN extra / STL-10 unlabeled
+    server_unlabeled_fraction: float = 1.0  # share of the pool kept (Fig. 13), nested subsets
     file: str | None = None  # load a saved partition (.npz) instead of drawing one
 
 
@@ -422,6 +425,9 @@ def validate(cfg: Config) -> None:
         raise bad("dataset.name", cfg.dataset.name, f"one of {dataset_names()} or tfds:NAME")
     if not 0 < cfg.dataset.fraction <= 1:
         raise bad("dataset.fraction", cfg.dataset.fraction, "a share in (0, 1]")
+    size = cfg.dataset.image_size
+    if size is not None and not (isinstance(size, int) and size >= 1):
+        raise bad("dataset.image_size", size, "an integer >= 1 (pixels a side), or null")
     if not (isinstance(cfg.dataset.subclusters, int) and cfg.dataset.subclusters >= 0):
         raise bad("dataset.subclusters", cfg.dataset.subclusters, "an integer >= 0 (0 = off)")
     if cfg.model.name not in model_names():

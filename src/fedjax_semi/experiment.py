@@ -18,6 +18,7 @@ from fedjax_semi.data.partitions import (
     apply_client_transforms,
     build_partition,
 )
+from fedjax_semi.data.partitions.ada import pool_split
 from fedjax_semi.data.registry import ArrayDataset, load_dataset, subsample
 from fedjax_semi.data.subclusters import with_subclusters
 from fedjax_semi.engine import distributed
@@ -110,7 +111,9 @@ def load_partition_file(path: str, ds: ArrayDataset, num_clients: int) -> Partit
     missing += [f"server/{s}" for s in REQUIRED_SERVER_SETS if s not in part.server]
     if missing:
         raise bad("partition.file", path, f"it lacks the roles {missing} every partition has")
-    n = len(ds.x_train) + len(ds.x_test)  # indices refer to concat(train, test)
+    # Indices refer to concat(train, test), and the unlabeled split after them (ada's pool).
+    split = pool_split(ds)
+    n = len(ds.x_train) + len(ds.x_test) + (len(split[0]) if split is not None else 0)
     sets = {
         f"clients/{r}": np.concatenate([np.zeros(0, np.int64), *v]) for r, v in part.clients.items()
     }
@@ -163,19 +166,80 @@ def server_pool(
         )
     other = load_dataset(d.server_pool, d.server_pool_dir)
     x, y = other.x_train, other.y_train
-    if "x_unlabeled" in other.extra:  # STL-10's unlabeled split belongs in a server pool
+    if "x_unlabeled" in other.extra:  # STL-10: its unlabeled split is the pool (Sec. 5.6: 100k)
         if d.server_pool_labels:
             raise bad(
                 "dataset.server_pool_labels", True, f"false for {d.server_pool} (unlabeled rows)"
             )
-        x = np.concatenate([x, np.asarray(other.extra["x_unlabeled"])])
-    if d.server_pool_size:
+        x = other.extra["x_unlabeled"]  # a memory map: only the rows kept below are read
+    fraction = cfg.partition.server_unlabeled_fraction if scheme == "ada" else 1.0
+    if d.server_pool_size or fraction < 1:
         rng = np.random.default_rng([data_seed(cfg), 7])
-        keep = np.sort(rng.choice(len(x), min(d.server_pool_size, len(x)), replace=False))
+        size = min(d.server_pool_size or len(x), len(x))
+        if d.server_pool_size:
+            order = rng.choice(len(x), size, replace=False)
+        else:
+            order = rng.permutation(size)
+        # Fig. 13: a prefix of one random order, so a smaller share is a subset of a larger one.
+        keep = np.sort(order[: int(round(fraction * size))])
         x, y = x[keep], (y[keep] if d.server_pool_labels else y)
     role = SERVER_POOL_ROLE[scheme]
     labels = {role: (np.asarray(y) + first_label).astype(np.int32)} if d.server_pool_labels else {}
     return {role: resize_images(x, ds.x_train.shape[1:])}, labels
+
+
+def own_pool(ds: ArrayDataset, part: Partition) -> tuple[dict, dict]:
+    """({"server_unlabeled": inputs}, {"server_unlabeled": hidden labels}) when the ada pool
+    draws on the dataset's own unlabeled split (partition.server_unlabeled_extra): the pool's
+    rows, train rows and unlabeled-split rows alike, gathered in index order (only those rows of
+    a memory-mapped split are read) and resized to the train images' shape. The labels (-1
+    where the split has none) reach evaluation only (pl_acc). Both empty otherwise."""
+    n_base = len(ds.x_train) + len(ds.x_test)
+    idx = part.server.get("server_unlabeled", np.zeros(0, np.int64))
+    if not (idx >= n_base).any():
+        return {}, {}
+    x_split, y_split = pool_split(ds)
+    own, other = idx[idx < len(ds.x_train)], idx[idx >= n_base] - n_base
+    x_other = np.asarray(x_split[other])
+    if ds.kind == "image":
+        x_other = resize_images(x_other, ds.x_train.shape[1:])
+    y_other = np.full(len(other), -1) if y_split is None else np.asarray(y_split)[other]
+    x = np.concatenate([ds.x_train[own], x_other.astype(ds.x_train.dtype)])
+    y = np.concatenate([ds.y_train[own], y_other]).astype(np.int32)
+    return {"server_unlabeled": x}, {"server_unlabeled": y}
+
+
+def resized(ds: ArrayDataset, size: int | None) -> ArrayDataset:
+    """The dataset with its train and test images resized to size x size (dataset.image_size;
+    STL-10's 96x96 to VGG9's 32x32, spec A16); its unlabeled split is resized when a pool
+    draws on it. Normalization statistics are kept (bilinear resizing barely moves them)."""
+    if size is None:
+        return ds
+    if ds.kind != "image":
+        raise bad("dataset.image_size", size, f"null for {ds.name!r} (its inputs are {ds.kind})")
+    shape = (size, size, ds.x_train.shape[-1])
+    return dataclasses.replace(
+        ds, x_train=resize_images(ds.x_train, shape), x_test=resize_images(ds.x_test, shape)
+    )
+
+
+def check_pool(cfg: Config, fed: FederatedData) -> None:
+    """Scheme ada: a non-empty server pool, or one line naming the setting that emptied it."""
+    if cfg.partition.scheme != "ada" or fed.server["server_unlabeled"].shape[0] > 0:
+        return
+    p = cfg.partition
+    if p.server_unlabeled_fraction < 1:
+        raise bad(
+            "partition.server_unlabeled_fraction",
+            p.server_unlabeled_fraction,
+            "a share that keeps at least one sample of the server's unlabeled pool",
+        )
+    raise bad(
+        "partition.labeled_fraction",
+        p.labeled_fraction,
+        "a share that leaves train samples for the server's unlabeled pool, or set "
+        "partition.server_unlabeled_extra=true where the dataset has an unlabeled split",
+    )
 
 
 def resize_images(x: np.ndarray, shape: tuple[int, ...], batch: int = 2048) -> np.ndarray:
@@ -211,16 +275,25 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
     if cfg.hardware.distributed:
         distributed.initialize()
     d = cfg.dataset
+    if d.server_pool and cfg.partition.scheme == "ada" and cfg.partition.server_unlabeled_extra:
+        raise bad(
+            "partition.server_unlabeled_extra",
+            True,
+            "false with dataset.server_pool (the second dataset's images are the whole pool)",
+        )
     if dataset is not None:
         ds = dataset
     else:
         ds = load_dataset(d.name, d.data_dir, vocab_size=d.vocab_size, seq_len=d.seq_len)
-    ds = subsample(ds, d.fraction, data_seed(cfg))
+    ds = resized(subsample(ds, d.fraction, data_seed(cfg)), d.image_size)
     if d.subclusters:
         ds = with_subclusters(ds, d.subclusters, data_seed(cfg))
     part = make_partition(cfg, ds)
     k = num_classes(ds, part)
-    fed = build_federated(*client_views(ds, part), part, k, *server_pool(cfg, ds, k))
+    cross, labels = server_pool(cfg, ds, k)
+    own, hidden = own_pool(ds, part)
+    fed = build_federated(*client_views(ds, part), part, k, {**cross, **own}, labels, hidden)
+    check_pool(cfg, fed)
     m = cfg.model
     dropout = m.dropout
     if cfg.algorithm.model_dropout is not None:

@@ -106,18 +106,24 @@ def build_federated(
     num_classes: int,
     server_extra: dict[str, np.ndarray] | None = None,
     server_labels: dict[str, np.ndarray] | None = None,
+    server_hidden_labels: dict[str, np.ndarray] | None = None,
 ) -> FederatedData:
     """Put the data on the device once and index it per client and role.
 
     server_extra: server sets made of other inputs (a second dataset's images for a
-    cross-dataset pool), appended after the test split; they replace the partition's set of
-    that name and their labels are unknown (-1), unless server_labels gives them (a labeled
-    pool, e.g. FedMD's public set: visible, in their own classes after the task's).
+    cross-dataset pool, or a pool drawn from the dataset's own unlabeled split), appended after
+    the test split; they replace the partition's set of that name and their labels are unknown
+    (-1), unless server_labels gives them (a labeled pool, e.g. FedMD's public set: visible, in
+    their own classes after the task's) or server_hidden_labels does (true labels that only
+    evaluation reads, e.g. the accuracy of pseudo-labels on SVHN's extra split).
     """
     extra = server_extra or {}
     known = server_labels or {}
+    hidden = server_hidden_labels or {}
     x = np.concatenate([x_train, x_test, *extra.values()])
-    pool_y = [np.asarray(known.get(k, np.full(len(v), -1))) for k, v in extra.items()]
+    pool_y = [
+        np.asarray(known.get(k, hidden.get(k, np.full(len(v), -1)))) for k, v in extra.items()
+    ]
     eval_y = np.concatenate([y_train, y_test, *pool_y]).astype(np.int32)
     y = np.full_like(eval_y, -1)
     start = len(x_train) + len(x_test)

@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fedjax_semi.models.ada_models import SVHNCNN, TEXT_CNN_REGIONS, TextCNN
 from fedjax_semi.models.architectures import CNN, MLP, ResNet9, SimpleCNN, TextClassifier, scaled
 from fedjax_semi.models.vgg import VGG9
 
@@ -34,7 +35,11 @@ MODEL_INPUT_KINDS: dict[str, tuple[str, ...]] = {
     "resnet9": ("image",),
     "vgg9": ("image",),
     "text": ("tokens",),
+    "svhn_cnn": ("image",),
+    "text_cnn": ("tokens",),
 }
+# Models on token ids: they need the dataset's vocabulary size.
+TOKEN_MODELS = ("text", "text_cnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +187,27 @@ def _build_text(
     return TextClassifier(num_classes, vocab_size, embed_dim, hidden, dropout)
 
 
+def _build_svhn_cnn(
+    num_classes: int, *, width: float, dropout: float, conv_impl: str, **_: Any
+) -> nn.Module:
+    return SVHNCNN(num_classes, width, dropout, conv_impl)
+
+
+def _build_text_cnn(
+    num_classes: int,
+    *,
+    width: float,
+    dropout: float,
+    conv_impl: str,
+    embed_dim: int,
+    vocab_size: int,
+    **_: Any,
+) -> nn.Module:
+    return TextCNN(
+        num_classes, vocab_size, embed_dim, scaled(100, width), TEXT_CNN_REGIONS, dropout, conv_impl
+    )
+
+
 # name -> builder(num_classes, *, width, dropout, conv_impl, hidden, norm, embed_dim,
 # vocab_size) -> nn.Module
 MODELS: dict[str, ModuleBuilder] = {
@@ -191,6 +217,8 @@ MODELS: dict[str, ModuleBuilder] = {
     "resnet9": _build_resnet9,
     "vgg9": _build_vgg9,
     "text": _build_text,
+    "svhn_cnn": _build_svhn_cnn,
+    "text_cnn": _build_text_cnn,
 }
 
 
@@ -236,20 +264,21 @@ def make_model(
         norm: ResNet-9 normalization, ``"batch"`` or ``"none"``.
         embed_dim: text model embedding width.
         vocab_size: text model vocabulary size (token ids ``< vocab_size``); required for
-            ``"text"``, ignored otherwise.
+            :data:`TOKEN_MODELS` (``"text"``, ``"text_cnn"``), ignored otherwise.
         input_kind: the dataset's ``kind`` (one of :data:`INPUT_KINDS`); ``None`` infers
-            ``"tokens"`` for ``"text"`` and ``"image"`` for the others.
+            ``"tokens"`` for :data:`TOKEN_MODELS` and ``"image"`` for the others.
         conv_kernel, dense: the CNN's square kernel size and dense width (before scaling).
 
     Raises:
         ValueError: naming the offending config key (``model.name``, ``model.width``,
             ``model.dropout``, ``model.conv``, ``model.norm``, ``model.embed_dim``,
-            ``dataset.vocab_size``), or a model that does not accept ``input_kind``.
+            ``dataset.vocab_size``, ``dataset.seq_len``), or a model that does not accept
+            ``input_kind``.
     """
     if name not in MODELS:
         raise _invalid("model.name", name, ", ".join(model_names()))
     if input_kind is None:
-        input_kind = "tokens" if name == "text" else "image"
+        input_kind = "tokens" if name in TOKEN_MODELS else "image"
     if input_kind not in INPUT_KINDS:
         raise _invalid("input_kind (dataset kind)", input_kind, ", ".join(INPUT_KINDS))
     if input_kind not in MODEL_INPUT_KINDS[name]:
@@ -257,16 +286,19 @@ def make_model(
         raise _invalid(
             "model.name", name, f"for a dataset of kind {input_kind!r}: {', '.join(fits)}"
         )
-    if name == "text":
+    if name in TOKEN_MODELS:
         if vocab_size is None:
             raise ValueError(
-                "model.name='text' needs the vocabulary size of a token dataset "
+                f"model.name={name!r} needs the vocabulary size of a token dataset "
                 "(dataset.kind='tokens', e.g. dataset=dbpedia); got vocab_size=None"
             )
         if vocab_size < 3:
             raise _invalid("dataset.vocab_size", vocab_size, ">= 3 (padding, unknown, words)")
         if embed_dim < 1:
             raise _invalid("model.embed_dim", embed_dim, ">= 1")
+    if name == "text_cnn" and int(input_shape[0]) < max(TEXT_CNN_REGIONS):
+        allowed = f">= {max(TEXT_CNN_REGIONS)} for model text_cnn (its widest region)"
+        raise _invalid("dataset.seq_len", int(input_shape[0]), allowed)
     if not width > 0:
         raise _invalid("model.width", width, "> 0")
     if not 0.0 <= dropout < 1.0:

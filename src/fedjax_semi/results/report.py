@@ -135,14 +135,14 @@ def _check_cut(
             raise bad(flag, v, f"an integer >= {lo}")
 
 
-def _eval_rows(run_dir: Path) -> list[dict]:
+def eval_rows(run_dir: Path) -> list[dict]:
     """The rows of a run's metrics.jsonl, one per round (a resumed run's later row wins),
     in round order."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise ValueError(
-            f"run {str(run_dir)!r} has no metrics.jsonl: --budget-time, --budget-rounds and "
-            "--last-k read the evaluations from it"
+            f"run {str(run_dir)!r} has no metrics.jsonl: budget cuts, --last-k and the "
+            "Ada-FedSemi tables read the evaluations from it"
         )
     by_round = {}
     for line in path.read_text().splitlines():
@@ -163,7 +163,7 @@ def cut_value(
     evaluations with ``sim_time <= budget_time`` and ``round <= budget_rounds`` (either cut
     optional), read from metrics.jsonl. Returns (value, round of the last evaluation used), or
     None when no evaluation of the metric falls within the budget."""
-    rows = [r for r in _eval_rows(run_dir) if r.get(metric) is not None]
+    rows = [r for r in eval_rows(run_dir) if r.get(metric) is not None]
     if budget_time is not None:
         if any(r.get("sim_time") is None for r in rows):
             raise ValueError(

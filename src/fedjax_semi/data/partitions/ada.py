@@ -2,12 +2,17 @@
 
 A uniform random ``labeled_fraction`` of the train split is the clients' labeled pool, dealt
 IID (equal split) or non-IID-``ada_zeta`` (:func:`dominant_class_partition`); the rest of the
-train split (or a random ``server_unlabeled_size`` subset when > 0) is
-``server["server_unlabeled"]``; a random ``val_fraction`` of the test split is
-``server["server_val"]`` (labeled, for rewards and stopping) and the rest ``"test_global"``,
-dealt to clients' ``"test"`` by their class proportions. ``"unlabeled"`` is empty; ``mu`` is
-1. Assignments (non-IID): ``dominant_class`` int [C]. The cross-dataset variant (e.g. STL-10
-images as the server pool) needs a second dataset and is not built here.
+train split is the server's unlabeled pool ``server["server_unlabeled"]``. With
+``server_unlabeled_extra`` the dataset's own unlabeled split joins it (:func:`pool_split`:
+SVHN's extra, STL-10's unlabeled images, IMDB's unsup reviews; the paper's Sec. 5.2 pools),
+its rows numbered after the test split (``meta["index_layout"]``). A random
+``server_unlabeled_size`` subset is kept when > 0, then the first ``server_unlabeled_fraction``
+of it (Fig. 13: smaller shares are subsets of larger ones). A random ``val_fraction`` of the
+test split is ``server["server_val"]`` (labeled, for rewards and stopping) and the rest
+``"test_global"``, dealt to clients' ``"test"`` by their class proportions. ``"unlabeled"`` is
+empty; ``mu`` is 1. Assignments (non-IID): ``dominant_class`` int [C]. The cross-dataset
+variant (a second dataset's images as the pool) is ``dataset.server_pool``
+(``experiment.server_pool``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import numpy as np
 from fedjax_semi.data.dataset import ArrayDataset
 from fedjax_semi.data.partitions.common import (
     _STAGE_PARTITION,
+    _STAGE_PUBLIC,
     _STAGE_SPLIT,
     _STAGE_TEST,
     SchemeInput,
@@ -30,7 +36,20 @@ from fedjax_semi.data.partitions.common import (
 from fedjax_semi.data.partitions.label_skew import iid_partition
 from fedjax_semi.data.partitions.roles import class_proportions, split_by_proportions
 
-__all__ = ["build", "dominant_class_partition"]
+__all__ = ["build", "dominant_class_partition", "pool_split"]
+
+# A dataset's own unlabeled split (ArrayDataset.extra): images or tokens, and the hidden labels
+# when the files have them (SVHN's extra split is labeled; STL-10's and IMDB's are not).
+POOL_SPLITS = (("x_extra", "y_extra"), ("x_unlabeled", None))
+
+
+def pool_split(ds: ArrayDataset) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """The dataset's own unlabeled split beside train and test: (x [U, ...], hidden labels
+    int [U] or None), or None when it has none (or it was not loaded)."""
+    for x_key, y_key in POOL_SPLITS:
+        if x_key in ds.extra:
+            return ds.extra[x_key], ds.extra.get(y_key) if y_key else None
+    return None
 
 
 def dominant_class_partition(
@@ -97,8 +116,14 @@ def _ada_partition(
     perm = rng.permutation(n_train)
     n_lab = int(round(labeled_fraction * n_train))
     lab_pool, rest = np.sort(perm[:n_lab]).astype(np.int64), perm[n_lab:]
+    pool = rest  # shuffled
+    if k["server_unlabeled_extra"]:  # the dataset's own unlabeled split, after the test split
+        extra_ids = n_train + n_test + np.arange(len(pool_split(ds)[0]))
+        pool = stage(_STAGE_PUBLIC).permutation(np.concatenate([rest, extra_ids]))
     size = k["server_unlabeled_size"]
-    server_unlabeled = _sorted_i64(rest[:size] if size > 0 else rest)  # rest is shuffled
+    pool = pool[:size] if size > 0 else pool
+    # Fig. 13: a prefix of one random order, so a smaller share is a subset of a larger one.
+    server_unlabeled = _sorted_i64(pool[: int(round(k["server_unlabeled_fraction"] * len(pool)))])
     test_perm = n_train + rng.permutation(n_test)
     n_val = int(round(val_fraction * n_test))
     server_val, test_pool = _sorted_i64(test_perm[:n_val]), _sorted_i64(test_perm[n_val:])
@@ -133,7 +158,7 @@ def _ada_partition(
 
 def build(inp: SchemeInput) -> SchemeOutput:
     """``ada`` (official split, val_fraction > 0); see the module docstring."""
-    n_train = len(inp.ds.y_train)
+    n_train, n_test = len(inp.ds.y_train), len(inp.ds.y_test)
     num_clients, labeled_fraction, val_fraction = (
         inp.num_clients, inp.labeled_fraction, inp.val_fraction,
     )  # fmt: skip
@@ -151,13 +176,35 @@ def build(inp: SchemeInput) -> SchemeOutput:
         f"must give every one of {num_clients} clients a labeled sample",
     )
     n_rest = n_train - int(round(labeled_fraction * n_train))
+    extra, what = {}, "the train samples left after the labeled pool"
+    if inp.knobs["server_unlabeled_extra"]:
+        split = pool_split(inp.ds)
+        _check(
+            split is not None,
+            "partition.server_unlabeled_extra",
+            True,
+            f"false for {inp.ds.name!r}, which has no unlabeled split beside train and test "
+            "(svhn with extra_32x32.mat, stl10 with unlabeled_X.bin, imdb with train/unsup)",
+        )
+        n_rest += len(split[0])
+        what += f" and the {len(split[0])} of its unlabeled split"
+        extra = {
+            "index_layout": "concat(train, test, unlabeled split)",
+            "pool_split_size": len(split[0]),
+        }
     _check(
         inp.knobs["server_unlabeled_size"] <= n_rest,
         "partition.server_unlabeled_size",
         inp.knobs["server_unlabeled_size"],
-        f"must be <= {n_rest}, the train samples left after the labeled pool (0 = all)",
+        f"must be <= {n_rest}, {what} (0 = all)",
+    )
+    _check(
+        int(round(n_test * val_fraction)) >= 1,
+        "partition.val_fraction",
+        val_fraction,
+        f"must leave a non-empty validation set of the {n_test} test samples",
     )
     clients, server, mu, assignments = _ada_partition(
         inp.ds, inp.labels_all, num_clients, labeled_fraction, val_fraction, inp.knobs, inp.stage
     )
-    return clients, server, mu, assignments, {}
+    return clients, server, mu, assignments, extra

@@ -62,6 +62,8 @@ PAPER_DEFAULTS: dict[str, Any] = {
     "ada_variant": "noniid",
     "ada_zeta": 0.5,
     "server_unlabeled_size": 0,
+    "server_unlabeled_extra": False,
+    "server_unlabeled_fraction": 1.0,
 }
 
 
@@ -144,4 +146,14 @@ def check_knobs(scheme: str, knobs: dict[str, Any]) -> dict[str, Any]:
     choice("ada_variant", VARIANTS)
     fraction("ada_zeta", 0.0, 1.0, lo_open=False, hi_open=False)
     integer("server_unlabeled_size", 0)
+    v = k["server_unlabeled_extra"]
+    _check(isinstance(v, bool), "partition.server_unlabeled_extra", v, "must be true or false")
+    v = k["server_unlabeled_fraction"]
+    _check(
+        _is_num(v) and 0 < v <= 1,
+        "partition.server_unlabeled_fraction",
+        v,
+        "must be a share of the pool in (0, 1] (Fig. 13's 0% point is a run in which no "
+        "pseudo-label passes: algorithm.adaptive_c=false algorithm.fixed_c=1.0)",
+    )
     return k
