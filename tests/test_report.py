@@ -123,3 +123,26 @@ def test_fa_rule_replays_the_stop_on_plateau(tmp_path, capsys):
         report_main([str(tmp_path), "--fa-rule", "0,3,10"])
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--fa-rule" in err
+
+
+def test_rows_export_tags_setting_and_seed(tmp_path, capsys):
+    for alg in ("a", "b"):
+        for seed in (0, 1):
+            _run(tmp_path / f"{alg}{seed}", [f"algorithm={alg}", f"seed={seed}"], lambda t: t / 10)
+            cfg = tmp_path / f"{alg}{seed}" / ".hydra" / "config.yaml"
+            cfg.write_text(f"seed: {seed}\n")
+    rows_path = tmp_path / "rows.jsonl"
+    report_main([str(tmp_path), "--metrics", "personal_acc", "--rows", str(rows_path)])
+    assert f"wrote 44 rows to {rows_path}" in capsys.readouterr().out  # 4 runs x 11 rounds
+    rows = [json.loads(ln) for ln in rows_path.read_text().splitlines()]
+    assert {(r["setting"], r["seed"]) for r in rows} == {
+        (f"algorithm={a}", s) for a in "ab" for s in (0, 1)
+    }
+    assert rows[4] == {
+        "setting": "algorithm=a",
+        "seed": 0,
+        "round": 4,
+        "sim_time": 6.0,
+        "train_loss": 1.0,
+        "personal_acc": 0.4,
+    }

@@ -108,6 +108,7 @@ def report_main(argv: list[str] | None = None) -> None:
     import argparse
 
     from fedjax_semi.results.report import (
+        export_rows,
         labeled_ratio_table,
         participation_table,
         report,
@@ -168,6 +169,14 @@ def report_main(argv: list[str] | None = None) -> None:
         help="the mean over each run's last K evaluations (within the budget, if one is given)",
     )
     ap.add_argument(
+        "--rows",
+        metavar="OUT.jsonl",
+        type=Path,
+        default=None,
+        help="also write every run's per-round rows (scalars, tagged with setting and seed) to "
+        "OUT.jsonl, for committing beside a results document",
+    )
+    ap.add_argument(
         "--fa-rule",
         metavar="PLATEAU,PATIENCE,MIN_ROUNDS",
         default=None,
@@ -213,6 +222,8 @@ def report_main(argv: list[str] | None = None) -> None:
             md += participation_table(args.sweep_dir, part_edges)
         if args.ttap:
             paths = ttap(args.sweep_dir)
+        if args.rows is not None:
+            md += f"\n\nwrote {export_rows(args.sweep_dir, args.rows)} rows to {args.rows}"
     except ValueError as e:
         _fail(str(e))
     print(md)

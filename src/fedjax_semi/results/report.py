@@ -94,6 +94,22 @@ def grouped_runs(root: Path) -> dict[str, list[dict]]:
     return groups
 
 
+def export_rows(root: Path, out: Path) -> int:
+    """Every evaluated or trained round of every run under root as one JSON line, tagged with
+    its setting and seed, scalars only (per-client lists such as cohorts are dropped): the
+    per-round rows a results document commits beside its tables. Returns the row count."""
+    n = 0
+    with open(out, "w") as f:
+        for setting, runs in grouped_runs(root).items():
+            for r in runs:
+                seed = _get(r["config"], "seed")
+                for row in eval_rows(r["dir"]):
+                    keep = {k: v for k, v in row.items() if isinstance(v, int | float | str | bool)}
+                    f.write(json.dumps({"setting": setting, "seed": seed, **keep}) + "\n")
+                    n += 1
+    return n
+
+
 def _paper_value(paper, cfg: dict, metric: str):
     for row in paper or []:
         where = row.get("where", {})
@@ -200,7 +216,7 @@ def fa_stop_round(
             min_rounds=int(min_rounds),
         )
     )
-    for row in _eval_rows(run_dir):
+    for row in eval_rows(run_dir):
         if budget_time is not None and row.get("sim_time", 0.0) > budget_time:
             return None
         if row.get(metric) is not None and stopper.update(row["round"], float(row[metric])):
