@@ -193,7 +193,9 @@ def test_dropout_inverted_and_switchable() -> None:
 
 def test_registry_and_validation() -> None:
     assert (
-        model_names() == sorted(MODELS) == ["cnn", "mlp", "resnet9", "simple_cnn", "text", "vgg9"]
+        model_names()
+        == sorted(MODELS)
+        == ["cnn", "mlp", "resnet9", "simple_cnn", "text", "vgg9", "vgg9_exits"]
     )
     allowed = "cnn, mlp, resnet9, simple_cnn, text"
     with pytest.raises(ValueError, match=rf"model\.name.*'bogus'.*{allowed}"):
