@@ -13,16 +13,18 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from conftest import compose_config, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.algorithms.hetero_ada import DepthTable, ExitsObjective, masked_updates
+from fedjax_semi.data.federated import RoleTable
 from fedjax_semi.engine import aggregate
 from fedjax_semi.engine.clients import map_clients
 from fedjax_semi.engine.keys import DROPOUT, SAMPLE, client_key
 from fedjax_semi.engine.loop import pseudo_label_accuracy
-from fedjax_semi.engine.train import local_train, make_optimizer
+from fedjax_semi.engine.train import Schedule, local_train, make_optimizer
 from fedjax_semi.errors import ConfigError
 from fedjax_semi.kernels import depths
 from fedjax_semi.models.layers import adaptive_avg_pool, avg_pool
@@ -111,6 +113,24 @@ def test_forward_at_depth_b_reads_only_parts_up_to_b(small_exits):
     np.testing.assert_allclose(plain.apply({"params": shared}, x)[0], final, atol=1e-6)
 
 
+def test_detach_between_parts_keeps_each_exit_on_its_own_part(small_exits):
+    """detach=True (Eq. 21's reading): exit 2's loss has no gradient in part 1; joint
+    backprop (the default) trains part 1 through exit 2 as well."""
+    _, all_exits, variables, x = small_exits
+    y = jnp.arange(4) % 10
+
+    def part1_grad_norm(detach: bool) -> float:
+        model = dataclasses.replace(all_exits, module=all_exits.module.clone(detach=detach))
+        ce = optax.softmax_cross_entropy_with_integer_labels
+        loss = lambda p: jnp.mean(ce(model.apply({"params": p}, x)[0][1], y))  # exit 2 only
+        g = jax.grad(loss)(variables["params"])
+        return sum(float(jnp.sum(jnp.abs(leaf))) for k, v in g.items() if exit_part(k) == 1
+                   for leaf in jax.tree.leaves(v))  # fmt: skip
+
+    assert part1_grad_norm(True) == 0.0
+    assert part1_grad_norm(False) > 0.0
+
+
 @pytest.mark.parametrize("depth", [1, 2])
 def test_update_mask_keeps_deeper_parts_even_with_momentum(small_exits, depth):
     """Acceptance 19 (second half): a client at depth d trains with momentum 0.9 and weight
@@ -120,9 +140,6 @@ def test_update_mask_keeps_deeper_parts_even_with_momentum(small_exits, depth):
     rng = np.random.default_rng(1)
     x = jnp.asarray(rng.integers(0, 256, (32, 28, 28, 1), dtype=np.uint8))
     y = jnp.asarray(rng.integers(0, 10, 32), jnp.int32)
-    from fedjax_semi.data.federated import RoleTable
-    from fedjax_semi.engine.train import Schedule
-
     table = RoleTable(jnp.arange(32), jnp.int32(32))
     parts = exit_parts(variables["params"])
     on = jnp.arange(1, L + 1) <= depth
@@ -130,8 +147,6 @@ def test_update_mask_keeps_deeper_parts_even_with_momentum(small_exits, depth):
     def train(mask: bool):
         tx = make_optimizer("sgd", 0.05, 0.9, weight_decay=0.01)
         if mask:
-            import optax
-
             tx = optax.chain(tx, masked_updates(jax.tree.map(lambda b: on[b - 1], parts)))
         obj = ExitsObjective(all_exits, on.astype(jnp.float32))
         new, _, stats = local_train(obj, tx, variables, tx.init(variables["params"]), x, y,

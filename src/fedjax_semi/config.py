@@ -16,6 +16,7 @@ from typing import Any
 from fedjax_semi.engine.clients import COHORT_SAMPLERS
 from fedjax_semi.engine.train import optimizer_names
 from fedjax_semi.errors import ConfigError, bad, check_choice
+from fedjax_semi.systems.tx2_check import check_tx2
 
 BASELINE_TRAIN_DATA = ("train_and_lab", "train")
 
@@ -242,12 +243,8 @@ class SystemsConfig:
     hwn_edge_power_w: float = 1.0
     hwn_fading: str = "rayleigh"
     hwn_bandwidth_share: str = "dedicated"
-    # Ada-FedSemi's heterogeneous Jetson TX2 clients (Xu et al., Sec. 5.8 and Table 8; read by
-    # systems/tx2.py, `systems=tx2`): each client's power mode (relative training speed of modes
-    # 0-4) redrawn every tx2_mode_period rounds; its distance group (shares of the clients,
-    # each group's mean bandwidth in MB/s) with a lognormal factor of sigma tx2_bw_sigma (mean 1)
-    # redrawn every round; a fixed overhead and the full model's compute time in mode 0. The
-    # paper gives neither speeds nor bandwidths: these are the spec's calibration (Sec. 4.8).
+    # Ada-FedSemi's heterogeneous Jetson TX2 clients (Sec. 5.8, Table 8; `systems=tx2`, read by
+    # systems/tx2.py, which says what each constant is; the spec's calibration, Sec. 4.8).
     tx2_speeds: list[float] = field(default_factory=lambda: [1.0, 0.5, 0.75, 0.8, 0.7])
     tx2_mode_period: int = 20
     tx2_group_shares: list[float] = field(default_factory=lambda: [0.5, 0.25, 0.25])
@@ -310,32 +307,6 @@ def check_hwn(values: dict[str, Any]) -> None:
             raise bad(f"systems.hwn_{name}", values[name], "a number >= 0")
     if not number(values["g0_db"]):
         raise bad("systems.hwn_g0_db", values["g0_db"], "a number (dB)")
-
-
-def check_tx2(values: dict[str, Any]) -> None:
-    """The TX2 constants by their short names (`SystemsConfig.tx2_<name>`,
-    `systems.tx2.Tx2System.<name>`, which both call this): one line naming systems.tx2_<name>."""
-    number = lambda v: isinstance(v, int | float) and not isinstance(v, bool)
-    positive = lambda vs: (
-        isinstance(vs, list | tuple) and len(vs) > 0 and all(number(v) and v > 0 for v in vs)
-    )
-    if not positive(values["speeds"]):
-        raise bad("systems.tx2_speeds", values["speeds"], "a non-empty list of speeds > 0")
-    shares, bw = values["group_shares"], values["group_bw_mbps"]
-    if not (positive(shares) and abs(sum(shares) - 1.0) < 1e-6):
-        raise bad("systems.tx2_group_shares", shares, "a list of shares > 0 that sum to 1")
-    if not (positive(bw) and len(bw) == len(shares)):
-        raise bad(
-            "systems.tx2_group_bw_mbps", bw, f"{len(shares)} bandwidths > 0 (MB/s), one a group"
-        )
-    period = values["mode_period"]
-    if not (isinstance(period, int) and not isinstance(period, bool) and period >= 1):
-        raise bad("systems.tx2_mode_period", period, "an integer >= 1 (rounds)")
-    for name in ("bw_sigma", "overhead_s"):
-        if not (number(values[name]) and values[name] >= 0):
-            raise bad(f"systems.tx2_{name}", values[name], "a number >= 0")
-    if not (number(values["compute_full_s"]) and values["compute_full_s"] > 0):
-        raise bad("systems.tx2_compute_full_s", values["compute_full_s"], "seconds > 0")
 
 
 WIRELESS_MODES = ("empirical", "shannon")

@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_semi.config import check_tx2
 from fedjax_semi.engine.keys import TX2_BANDWIDTH, TX2_MODE, round_key
+from fedjax_semi.systems.tx2_check import check_tx2
 
 BYTES_PER_MB = 1e6
 
