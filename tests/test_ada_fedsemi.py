@@ -3,13 +3,16 @@ M = 10 clients, a server unlabeled pool and validation set. Exact participant co
 compiled round for every P arm (spec acceptance 1, 5), the cost bookkeeping (15), C = 1.0
 selects nothing and FedSemi-P-1.0 = FedAvg-P bit for bit (7, 8), the server epoch's step count
 and its skip (9), chunk=1 = chunk=all = the reference loop, the validation set and the pool's
-hidden labels never train anything, and one-line errors for bad input. The kernels:
-test_bandit.py, test_ada_cost.py."""
+hidden labels never train anything, a spent budget stopping the run in the run loop (17), the
+heterogeneous TX2 clock with its waiting ratio, the preference switch, and one-line errors for
+bad input. The kernels: test_bandit.py, test_ada_cost.py; HeteroAda-FedSemi: test_hetero_ada.py."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +22,13 @@ import pytest
 from conftest import compose_config, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.algorithms.ada_fedsemi_config import participant_counts
-from fedjax_semi.engine.loop import pseudo_label_accuracy
+from fedjax_semi.algorithms.ada_run import PreferenceSwitch
+from fedjax_semi.engine.loop import Run, pseudo_label_accuracy
+from fedjax_semi.engine.simulate import simulate
+from fedjax_semi.engine.state import FLState
 from fedjax_semi.errors import ConfigError
 from fedjax_semi.kernels.bandit import P_ARMS, participants
+from fedjax_semi.systems import tx2
 
 M = 10
 BASE = [
@@ -198,9 +205,77 @@ def test_hidden_pool_labels_change_only_the_pseudo_label_accuracy(fixed):
     assert acc is not None and acc != bad  # the only number that reads them
 
 
+@pytest.mark.parametrize("budget", ["time", "traffic"])
+def test_spent_budget_stops_the_run_in_the_loop(tmp_path, budget):
+    """Acceptance 17 through the run loop: the run stops after the first round whose
+    cumulative simulated time (31 s a round) or traffic (4 x 2 x 0.1 GB a round) reaches the
+    budget, with the reason; rounds = 10 are not run out. The same run switches its
+    preference on the test accuracy (the loop's hook): alpha 0.5 in round 1, alpha_after
+    from round 2 on, each round's Phi with its own alpha."""
+    limit = ["algorithm.time_budget_min=1.5"] if budget == "time" else [
+        "algorithm.traffic_budget_gb=2.0"]  # fmt: skip
+    exp = build("algorithm=fedavg_p", "algorithm.fixed_p=0.4", "algorithm.model_bytes=1e8",
+                "algorithm.alpha_switch_at=0.01", "algorithm.alpha_after=0.1", *limit)  # fmt: skip
+    summary = simulate(exp.alg, exp.fed, rounds=10, out_dir=tmp_path, progress=False,
+                       runner=exp.runner(chunk=1, eval_chunk=1), writers=("jsonl",))  # fmt: skip
+    assert summary["rounds_completed"] == 3
+    assert summary["stop_reason"].startswith(f"{budget} budget spent")
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    cum = "cum_time_min" if budget == "time" else "cum_traffic_gb"
+    assert rows[1][cum] < (1.5 if budget == "time" else 2.0) <= rows[2][cum]
+    assert [r["phase"] for r in rows] == [0, 1, 1]
+    for r in rows:
+        np.testing.assert_allclose(r["alpha"], 0.5 if r["phase"] == 0 else 0.1, rtol=1e-6)
+        phi = r["alpha"] * r["round_time_s"] / 60 + (1 - r["alpha"]) * r["round_traffic_gb"]
+        np.testing.assert_allclose(r["round_cost"], phi, rtol=1e-5)
+
+
+def test_preference_switch_hook_sets_each_replicas_flag():
+    """The test-accuracy switch runs between rounds: a replica whose evaluated accuracy reached
+    the threshold gets its flag, the others (and rows without an evaluation) do not."""
+    state = FLState(jnp.zeros(2, jnp.int32), {}, {}, {}, jnp.zeros(2),
+                    {"switched": jnp.zeros(2, bool)})  # fmt: skip
+    run_ = Run(dirs=[Path("a"), Path("b")], seeds=(0, 1), rounds=3, state=state)
+    hook = PreferenceSwitch(0.6)
+    hook.round(run_, 1, {0: {"accuracy": 0.59}, 1: {"accuracy": 0.6}})
+    assert run_.state.extra["switched"].tolist() == [False, True]
+    hook.round(run_, 2, {0: {"round": 2}, 1: {"round": 2}})  # no evaluation this round
+    assert run_.state.extra["switched"].tolist() == [False, True]
+    single = Run(dirs=[Path("a")], seeds=None, rounds=3, state=state.replace(
+        extra={"switched": jnp.zeros((), bool)}))  # fmt: skip
+    hook.round(single, 1, {0: {"accuracy": 0.7}})
+    assert bool(single.state.extra["switched"])
+
+
+def test_heterogeneous_tx2_clock_and_the_validation_switch():
+    """systems=tx2: each client's full-model time is spec 4.8's t_ovh + t_full / speed[mode] +
+    2 W / bw (written out here in NumPy), t_k the selected straggler's, Eq. 34's waiting ratio
+    over the selected; alpha_switch_metric=val switches inside the round on u_C."""
+    exp = build("algorithm=fedavg_p", "algorithm.fixed_p=0.6", "systems=tx2",
+                "algorithm.model_bytes=13.4e6", "algorithm.alpha=0.9", "algorithm.alpha_after=0.1",
+                "algorithm.alpha_switch_at=0.01", "algorithm.alpha_switch_metric=val")  # fmt: skip
+    _, rows = run(exp.runner(chunk=1, eval_chunk=1), 2)
+    s, key = exp.cfg.systems, jax.random.PRNGKey(exp.cfg.seed)
+    waits = []
+    for k, m in enumerate(rows, start=1):
+        speed = np.asarray(s.tx2_speeds)[np.asarray(tx2.modes(exp.alg.tx2, key, k, M))]
+        bw = np.asarray(tx2.bandwidth_mbps(exp.alg.tx2, key, k, M))
+        t = (s.tx2_overhead_s + s.tx2_compute_full_s / speed + 2 * 13.4 / bw)[m["selected"]]
+        np.testing.assert_allclose(m["round_time_s"], t.max(), rtol=1e-5)
+        np.testing.assert_allclose(m["wait_ratio"], 100 * np.mean(1 - t / t.max()), rtol=1e-4)
+        waits += list(1 - t / t.max())
+        np.testing.assert_allclose(m["wait_ratio_cum"], 100 * np.mean(waits), rtol=1e-4)
+    assert [int(m["phase"]) for m in rows] == [0, 1]
+    np.testing.assert_allclose([m["alpha"] for m in rows], [0.9, 0.1], rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("overrides", "key"),
     [
+        (["algorithm.alpha_switch_at=60"], "algorithm.alpha_switch_at"),
+        (["algorithm.alpha_after=1.5"], "algorithm.alpha_after"),
+        (["algorithm.alpha_switch_metric=train"], "algorithm.alpha_switch_metric"),
         (["algorithm.p_arms=[0.5,1.2]"], "algorithm.p_arms"),
         (["algorithm.p_arms=[0.0,0.5]"], "algorithm.p_arms"),
         (["algorithm.c_arms=[-0.1,0.9]"], "algorithm.c_arms"),

@@ -39,8 +39,9 @@ def run_rounds(exp, runner, rounds: int) -> list[dict]:
 # DoFed-SPP, FedFomo and FedBE check chunk=1 = chunk=all = reference loop on their own partition
 # in test_dofed_spp.py / test_dofed_baselines.py; the mapping does not depend on the partition.
 # CFSL and HFSL: test_cfsl.py, through a split and labeling. Ada-FedSemi, FedSemi and FedAvg-P
-# (the ada partition's server pool and validation set): test_ada_fedsemi.py.
-ADA = ("ada_fedsemi", "fedsemi", "fedavg_p")
+# (the ada partition's server pool and validation set): test_ada_fedsemi.py; HeteroAda-FedSemi
+# (also the multi-exit model and the TX2 clock): test_hetero_ada.py.
+ADA = ("ada_fedsemi", "fedsemi", "fedavg_p", "hetero_ada")
 OWN_EQUIVALENCE_TESTS = ("um_pfssl", "dofed_spp", "fedfomo", "fedbe", "cfsl", "hfsl", *ADA)
 MAPPED = [n for n in algorithm_names() if n not in OWN_EQUIVALENCE_TESTS]
 
@@ -97,7 +98,8 @@ def test_every_method_has_a_hidden_label_check():
     """Each method that may not read hidden labels is checked in the fast suite: here (the
     members mapped in the fast suite), in test_isolation.py or in its own file (UM-pFSSL;
     CoFED and Personalized FedAvg in test_cofed.py, FedMD in test_fedmd.py, CFSL and HFSL in
-    test_cfsl.py, Ada-FedSemi, FedSemi and FedAvg-P in test_ada_fedsemi.py)."""
+    test_cfsl.py, Ada-FedSemi, FedSemi and FedAvg-P in test_ada_fedsemi.py, HeteroAda-FedSemi in
+    test_hetero_ada.py)."""
     assert set(FAST_MAPPED) | set(ORACLES) <= set(MAPPED)
     own_files = {"um_pfssl", "cofed", "pfedavg", "fedmd", "cfsl", "hfsl", *ADA}
     checked_fast = set(FAST_MAPPED) | set(OWN_RUNS) | own_files

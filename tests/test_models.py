@@ -195,7 +195,17 @@ def test_registry_and_validation() -> None:
     assert (
         model_names()
         == sorted(MODELS)
-        == ["cnn", "mlp", "resnet9", "simple_cnn", "svhn_cnn", "text", "text_cnn", "vgg9"]
+        == [
+            "cnn",
+            "mlp",
+            "resnet9",
+            "simple_cnn",
+            "svhn_cnn",
+            "text",
+            "text_cnn",
+            "vgg9",
+            "vgg9_exits",
+        ]
     )
     allowed = "cnn, mlp, resnet9, simple_cnn, svhn_cnn, text"
     with pytest.raises(ValueError, match=rf"model\.name.*'bogus'.*{allowed}"):

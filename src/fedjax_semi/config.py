@@ -16,6 +16,7 @@ from typing import Any
 from fedjax_semi.engine.clients import COHORT_SAMPLERS
 from fedjax_semi.engine.train import optimizer_names
 from fedjax_semi.errors import ConfigError, bad, check_choice
+from fedjax_semi.systems.tx2_check import check_tx2
 
 BASELINE_TRAIN_DATA = ("train_and_lab", "train")
 
@@ -245,6 +246,15 @@ class SystemsConfig:
     hwn_edge_power_w: float = 1.0
     hwn_fading: str = "rayleigh"
     hwn_bandwidth_share: str = "dedicated"
+    # Ada-FedSemi's heterogeneous Jetson TX2 clients (Sec. 5.8, Table 8; `systems=tx2`, read by
+    # systems/tx2.py, which says what each constant is; the spec's calibration, Sec. 4.8).
+    tx2_speeds: list[float] = field(default_factory=lambda: [1.0, 0.5, 0.75, 0.8, 0.7])
+    tx2_mode_period: int = 20
+    tx2_group_shares: list[float] = field(default_factory=lambda: [0.5, 0.25, 0.25])
+    tx2_group_bw_mbps: list[float] = field(default_factory=lambda: [4.5, 1.5, 0.75])
+    tx2_bw_sigma: float = 0.3
+    tx2_overhead_s: float = 5.0
+    tx2_compute_full_s: float = 15.0
 
     def __post_init__(self) -> None:
         if self.wireless_mode not in WIRELESS_MODES:
@@ -264,6 +274,7 @@ class SystemsConfig:
             if not value >= 0:
                 raise bad(f"systems.{key}", value, "seconds >= 0")
         self._check_hwn()
+        check_tx2({k[4:]: v for k, v in dataclasses.asdict(self).items() if k.startswith("tx2_")})
 
     def _check_hwn(self) -> None:
         check_hwn({k[4:]: v for k, v in dataclasses.asdict(self).items() if k.startswith("hwn_")})

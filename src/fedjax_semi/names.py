@@ -27,6 +27,7 @@ ALGORITHM_NAMES: tuple[str, ...] = (
     "fixavg",
     "fixbn",
     "fixprox",
+    "hetero_ada",
     "hfsl",
     "lg_fedavg",
     "local",

@@ -9,6 +9,7 @@ from fedjax_semi.algorithms import (  # noqa: F401  (register methods)
     fedbe,
     fedfomo,
     fedmd,
+    hetero_ada,
     pfedavg,
     pfedme,
     um_pfssl,

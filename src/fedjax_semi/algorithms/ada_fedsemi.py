@@ -17,7 +17,11 @@ fixed) and FedAvg-P (FedSemi-P-1.0: no pseudo-label is ever selected).
                 C agent only once pseudo-labels exist) and P_{k+1}, C_{k+1} drawn (Eq. 18)
 
 The learning rate eta_k is Eq. 13's, for the clients and the server alike. Time is simulated:
-state.sim_time advances by t_k (seconds) and never reads the wall clock.
+state.sim_time advances by t_k (seconds) and never reads the wall clock; each client's t_{k,m}
+is the homogeneous `client_time_s` (Secs. 5.3-5.7) or, with systems=tx2, a heterogeneous Jetson
+TX2 (Sec. 5.8), where the waiting ratio (Eq. 34) measures the stragglers. A spent budget (Eq. 11)
+stops the run in the run loop (`stop_reason`); alpha can change once the accuracy reaches a
+threshold (Figs. 9-10, `alpha_switch_at`). HeteroAda-FedSemi (hetero_ada.py) extends this class.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from fedjax_semi.algorithms import ada_run
 from fedjax_semi.algorithms.ada_fedsemi_config import AdaFedSemiConfig, participant_counts
 from fedjax_semi.algorithms.base import (
     ClientTable,
@@ -64,7 +69,7 @@ from fedjax_semi.engine.train import (
 from fedjax_semi.errors import bad
 from fedjax_semi.kernels import ada_schedule
 from fedjax_semi.kernels.bandit import bandit_init, select_arm, update_arm
-from fedjax_semi.systems import ada_cost, wireless
+from fedjax_semi.systems import ada_cost, tx2, wireless
 
 PyTree = Any
 
@@ -119,6 +124,7 @@ class AdaPlan:
     y: jax.Array
     pool: jax.Array
     val: jax.Array
+    depth: jax.Array | None = None  # HeteroAda-FedSemi: each client's depth d_m int32 [M]
 
 
 @dataclasses.dataclass
@@ -140,7 +146,9 @@ class AdaFedSemi(Method):
         params = wireless.param_count(self.template["params"])
         self.model_bytes = float(c.model_bytes) if c.model_bytes else 4.0 * params
         self.server_schedule = Schedule(c.server_batch, 1, 0)  # one epoch (Eq. 7)
+        self.server_objective = self.objective  # CE on the pseudo-labels
         self.global_eval_model = self.model.with_conv("xla")  # forward passes of one model
+        self.tx2 = tx2.Tx2System.from_config(self.systems) if self.systems.name == "tx2" else None
 
     def lr_at(self, rnd: jax.Array) -> jax.Array:
         """eta_k of round k (Eq. 13, round 1 at eta_max; or the constant eta_max)."""
@@ -152,6 +160,15 @@ class AdaFedSemi(Method):
     def _tx(self, eta: jax.Array):
         c = self.cfg  # a fresh optimizer each round: momentum is reset (clients and server)
         return make_optimizer(c.optimizer, eta, c.momentum, c.weight_decay)
+
+    def stop_reason(self, row: dict) -> str | None:
+        return ada_run.stop_reason(self.cfg, row)
+
+    def loop_hooks(self) -> list:
+        c = self.cfg
+        if c.alpha_switch_at is not None and c.alpha_switch_metric == "test":
+            return [ada_run.PreferenceSwitch(c.alpha_switch_at)]
+        return []
 
     def _val_acc(self, variables: PyTree, x, y, val) -> jax.Array:
         """Validation accuracy in percentage points (the unit of Eqs. 14-16)."""
@@ -192,6 +209,9 @@ class AdaFedSemi(Method):
             "u_prev": jnp.asarray(u0, jnp.float32),
             "traffic_gb": jnp.zeros((), jnp.float32),
             "cost": jnp.zeros((), jnp.float32),
+            "wait_sum": jnp.zeros((), jnp.float32),  # Eq. 34's sums over the rounds so far
+            "wait_count": jnp.zeros((), jnp.float32),
+            "switched": jnp.zeros((), bool),  # the preference switch happened (Figs. 9-10)
             "done": jnp.zeros((), bool),
         }
         return FLState(
@@ -231,6 +251,21 @@ class AdaFedSemi(Method):
         )
         return {"vars": new, "weight": inp.table.count.astype(jnp.float32), **stats}
 
+    def aggregate(self, state: FLState, plan: AdaPlan, out) -> PyTree:
+        """Eq. 5: w_{k+1/2} = sum N_m w_{k,m} / sum N_m over the selected (weight 0 otherwise)."""
+        return aggregate.weighted_mean(out["vars"], out["weight"])
+
+    def client_times(self, plan: AdaPlan, key: jax.Array, r: jax.Array):
+        """Every client's (t^cp, t^cm) in seconds and the bytes of the model it exchanges this
+        round, float32 [M] each: the homogeneous clock (client_time_s, all compute; Sec. 5.3)
+        or, with systems=tx2, the TX2 clients training and exchanging the full model."""
+        c, m = self.cfg, self.num_clients
+        size = jnp.full((m,), self.model_bytes, jnp.float32)
+        if self.tx2 is None:
+            return jnp.full((m,), c.client_time_s, jnp.float32), jnp.zeros((m,)), size
+        t_cp, t_cm = tx2.client_times(self.tx2, key, r, m, 1.0, size, c.traffic_directions)
+        return t_cp, t_cm, size
+
     def _server_epoch(self, w_half, plan: AdaPlan, yhat, mask, eta, key, r):
         """Eq. 7 as one epoch of mini-batch SGD over D_{k,U} (docs/choices.md A2): the selected
         pool samples first (a table of count n_sel), shuffled by `local_scan`'s epoch order;
@@ -239,7 +274,7 @@ class AdaFedSemi(Method):
         table = RoleTable(plan.pool[order], jnp.sum(mask).astype(jnp.int32))
         tx = self._tx(eta)
         new, _, stats = local_train(
-            self.objective,
+            self.server_objective,
             tx,
             w_half,
             tx.init(w_half["params"]),
@@ -257,7 +292,7 @@ class AdaFedSemi(Method):
         c, ex = self.cfg, state.extra
         r = state.round + 1
         eta = self.lr_at(r)
-        w_half = aggregate.weighted_mean(out["vars"], out["weight"])  # Eq. 5
+        w_half = self.aggregate(state, plan, out)  # Eq. 5 (HeteroAda: layer-wise)
         teacher = teacher_ema(w_half, ex["teacher"], c.gamma, r == 1)  # Eq. 12
         thresh = jnp.asarray(self.c_values, jnp.float32)[ex["c_arm"]]
         zero = jnp.zeros((), jnp.float32)
@@ -283,11 +318,14 @@ class AdaFedSemi(Method):
         # Decisions: validation accuracies (D_V never trains), cost, rewards, agents.
         u_p = self._val_acc(w_half, plan.x, plan.y, plan.val)
         u_c = self._val_acc(w_next, plan.x, plan.y, plan.val)
+        # The round's clock (Eqs. 8-10, 34) and the cost preference (Figs. 9-10).
         m = self.num_clients
+        alpha = jnp.where(ex["switched"], c.alpha_after, c.alpha).astype(jnp.float32)
+        t_cp, t_cm, size = self.client_times(plan, key, r)
         rc = ada_cost.round_cost(
-            jnp.full((m,), c.client_time_s, jnp.float32), plan.sel, n_pl, c.alpha,
-            self.model_bytes, c.t_p, c.traffic_directions,
-        )  # fmt: skip
+            t_cp + t_cm, plan.sel, n_pl, alpha, size, c.t_p, c.traffic_directions
+        )
+        wait, waited = ada_cost.waiting_terms(t_cp + t_cm, plan.sel)
         phi = jnp.where(rc.cost > 0, rc.cost, 1.0)  # 0 only once the run is over
         du_p, du_c = ada_schedule.accuracy_changes(u_p, u_c, ex["u_prev"])  # Eqs. 14-15
         r_p, r_c = ada_schedule.reward(du_p, phi), ada_schedule.reward(du_c, phi)  # Eq. 16
@@ -301,13 +339,15 @@ class AdaFedSemi(Method):
         sim_time = state.sim_time + rc.time_s
         traffic_gb = ex["traffic_gb"] + rc.traffic_bytes / ada_cost.BYTES_PER_GB
         cost = ex["cost"] + rc.cost
-        over = ada_cost.over_budget(
-            sim_time / ada_cost.SEC_PER_MIN,
-            traffic_gb,
-            jnp.inf if c.time_budget_min is None else c.time_budget_min,
-            jnp.inf if c.traffic_budget_gb is None else c.traffic_budget_gb,
-        )
+        inf = jnp.inf
+        t_budget = inf if c.time_budget_min is None else c.time_budget_min
+        b_budget = inf if c.traffic_budget_gb is None else c.traffic_budget_gb
+        over_time = ada_cost.over_budget(sim_time / ada_cost.SEC_PER_MIN, 0.0, t_budget, inf)
+        over_traffic = ada_cost.over_budget(0.0, traffic_gb, inf, b_budget)
         reached = c.stop_on_target & (u_c >= (c.target_acc or 0.0))
+        switched = ex["switched"]
+        if c.alpha_switch_at is not None and c.alpha_switch_metric == "val":
+            switched = switched | (u_c >= 100.0 * c.alpha_switch_at)
         new_extra = dict(
             ex,
             teacher=teacher,
@@ -321,7 +361,10 @@ class AdaFedSemi(Method):
             u_prev=u_c,
             traffic_gb=traffic_gb,
             cost=cost,
-            done=ex["done"] | over | reached,
+            wait_sum=ex["wait_sum"] + wait,
+            wait_count=ex["wait_count"] + waited,
+            switched=switched,
+            done=ex["done"] | over_time | over_traffic | reached,
         )
         new = state.replace(global_vars=w_next, sim_time=sim_time, extra=new_extra)
         # A run whose budget is spent (or target reached) has ended: its state stays as it was.
@@ -346,12 +389,19 @@ class AdaFedSemi(Method):
             val_acc=u_c,
             reward_p=r_p,
             reward_c=r_c,
+            alpha=alpha,
+            phase=ex["switched"].astype(jnp.int32),  # 1: after the preference switch
             round_time_s=rc.time_s,
             round_traffic_gb=rc.traffic_bytes / ada_cost.BYTES_PER_GB,
             round_cost=rc.cost,
+            wait_ratio=ada_cost.waiting_ratio(wait, waited),  # Eq. 34 over this round, %
+            wait_ratio_cum=ada_cost.waiting_ratio(new.extra["wait_sum"], new.extra["wait_count"]),
             cum_time_min=new.sim_time / ada_cost.SEC_PER_MIN,
             cum_traffic_gb=new.extra["traffic_gb"],
             cum_cost=new.extra["cost"],
+            over_time=over_time,
+            over_traffic=over_traffic,
+            reached=reached,
             done=new.extra["done"],
         )
         return new, metrics

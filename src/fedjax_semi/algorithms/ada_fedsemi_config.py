@@ -17,6 +17,7 @@ from fedjax_semi.kernels.bandit import C_ARMS, P_ARMS
 
 LR_SCHEDULES = ("cosine_restart", "constant")
 INIT_VAL_ACC = ("measure", "zero")
+SWITCH_METRICS = ("test", "val")
 
 
 def _grid(key: str, values, low_open: bool) -> None:
@@ -69,12 +70,20 @@ class AdaFedSemiConfig(AlgorithmConfig):
     t_p: float = 1.5e-4
     model_bytes: float | None = None
     traffic_directions: int = 2
-    # Eq. 11's budgets (null: none) and target eps (validation accuracy, %); a spent budget (or
-    # the target with stop_on_target) ends the simulated run: later rounds change nothing.
+    # Eq. 11's budgets (null: none) and target eps (validation accuracy, %): the run loop stops
+    # a run after the round that spends a budget (or reaches the target with stop_on_target),
+    # and a run driven round by round keeps its state from then on.
     time_budget_min: float | None = None
     traffic_budget_gb: float | None = None
     target_acc: float | None = None
     stop_on_target: bool = False
+    # The change of preference (Figs. 9-10): alpha until the accuracy reaches alpha_switch_at (a
+    # fraction; null: never), alpha_after from the next round on. alpha_switch_metric: test (the
+    # paper; the run loop sets the switch between rounds from the evaluation, test labels never
+    # enter a round) | val (u_C of the round, the validation set the agents already read).
+    alpha_switch_at: float | None = None
+    alpha_after: float = 0.1
+    alpha_switch_metric: str = "test"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -115,6 +124,13 @@ class AdaFedSemiConfig(AlgorithmConfig):
                 raise bad(f"algorithm.{key}", v, "a budget > 0, or null (none)")
         if self.target_acc is not None and not 0 < self.target_acc <= 100:
             raise bad("algorithm.target_acc", self.target_acc, "a percentage in (0, 100]")
+        check_choice("algorithm.alpha_switch_metric", self.alpha_switch_metric, SWITCH_METRICS)
+        if self.alpha_switch_at is not None and not 0 < self.alpha_switch_at <= 1:
+            raise bad(
+                "algorithm.alpha_switch_at", self.alpha_switch_at, "an accuracy in (0, 1], or null"
+            )
+        if not 0 <= self.alpha_after <= 1:
+            raise bad("algorithm.alpha_after", self.alpha_after, "a number in [0, 1] (Eq. 10)")
         if self.stop_on_target and self.target_acc is None:
             raise bad("algorithm.stop_on_target", True, "false without algorithm.target_acc")
 

@@ -74,6 +74,10 @@ class Capabilities:
     client_update_for(flags): the client function of a round with those switches; a method with
         heterogeneous models returns one per architecture group, and its `prepare` a tuple of
         the groups' inputs (`engine.clients.map_groups` maps each group).
+    stop_reason(row): the method's own stop rule, read by the run loop (engine.loop.StopRules)
+        on each round's row of one replica: why that replica ends now, or None to go on.
+    loop_hooks(): extra run-loop hooks (engine.loop.Hook) the method's experiments need, run
+        before the checkpointer.
     """
 
     has_warmup: ClassVar[bool] = False
@@ -86,6 +90,12 @@ class Capabilities:
 
     def client_update_for(self, flags: tuple) -> Callable[[PyTree, PyTree], PyTree]:
         return self.client_update  # type: ignore[attr-defined]
+
+    def stop_reason(self, row: dict) -> str | None:
+        return None
+
+    def loop_hooks(self) -> list:
+        return []
 
     def sample_cohort(self, key: jax.Array, rnd: jax.Array) -> jax.Array:
         """Round `rnd`'s cohort: `select_cohort` with the method's sizes and

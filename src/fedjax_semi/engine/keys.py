@@ -91,12 +91,15 @@ FEDMD_ALIGN = 74  # each round's alignment subset of the public set
 FEDMD_DIGEST_SAMPLE = 75  # digest: minibatch order over the alignment subset
 FEDMD_DIGEST_DROPOUT = 76  # its dropout
 
-# ---- Ada-FedSemi (80-84): its clients train on SAMPLE and DROPOUT --------------------------
+# ---- Ada-FedSemi and HeteroAda-FedSemi (80-87): clients train on SAMPLE and DROPOUT ---------
 ADA_P_ARM = 80  # the P agent's arm for the next round (Eq. 18)
 ADA_C_ARM = 81  # the C agent's arm for the next round (Eq. 18)
 ADA_SELECT = 82  # the round's participants: a permutation of all M clients (Alg. 1 line 4)
 ADA_SERVER_SAMPLE = 83  # the server's epoch over the pseudo-labeled samples: their order (Eq. 7)
 ADA_SERVER_DROPOUT = 84  # its dropout
+TX2_MODE = 85  # each TX2 client's power mode, one draw per mode period (systems.tx2)
+TX2_BANDWIDTH = 86  # each TX2 client's bandwidth factor, one draw per round (systems.tx2)
+HETERO_KMEANS = 87  # Alg. 3's random initial centroids (kernels.depths)
 
 # ---- CFSL (90-92; algorithms.cfsl): its local training draws on SAMPLE and DROPOUT -------------
 CFSL_DEVICES = 90  # each worker's fixed transmit power, CPU frequency and distance

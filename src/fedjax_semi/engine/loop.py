@@ -339,16 +339,21 @@ class EarlyStopper:
 
 
 class StopRules(Hook):
-    """One EarlyStopper per replica: sets run.reasons[r] when replica r's rule fires. A resumed
-    run replays the rows it kept (so it must come after the JSON-lines writer, which reads them
-    back)."""
+    """One EarlyStopper per replica: sets run.reasons[r] when replica r's rule fires, or when
+    the method's own rule (`method_rule(row)`, e.g. Ada-FedSemi's spent budget) gives a
+    reason, which comes first. A resumed run replays the rows it kept (so it must come after
+    the JSON-lines writer, which reads them back)."""
 
-    def __init__(self, cfg: StopConfig) -> None:
-        self.cfg = cfg
+    def __init__(
+        self, cfg: StopConfig, method_rule: Callable[[dict], str | None] | None = None
+    ) -> None:
+        self.cfg, self.method_rule = cfg, method_rule
         self.stoppers: list[EarlyStopper] = []
 
     def _update(self, r: int, row: dict) -> str | None:
-        return self.stoppers[r].update(row["round"], row.get(self.cfg.metric), row.get("sim_time"))
+        own = self.method_rule(row) if self.method_rule is not None else None
+        rule = self.stoppers[r].update(row["round"], row.get(self.cfg.metric), row.get("sim_time"))
+        return own or rule
 
     def start(self, run: Run) -> None:
         self.stoppers = [EarlyStopper(self.cfg) for _ in run.dirs]

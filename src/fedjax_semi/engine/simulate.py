@@ -263,9 +263,10 @@ def simulate(
     all of them and replicas.json (mean and std over the seeds), whose content is returned.
 
     The hooks run in this order: the metric writers (the JSON-lines one reads back the rows a
-    resumed run keeps), the stop rules (which replay them), the NaN guard, the checkpointer
-    (after the stop rules: a replica that stops is checkpointed), the progress bar, and the
-    summaries (last: they read the stop rules' bests and every reason).
+    resumed run keeps), the stop rules (which replay them, and ask the method's own rule), the
+    NaN guard, the method's hooks (`alg.loop_hooks()`), the checkpointer (after the stop rules
+    and the method's hooks: a replica that stops, and what they changed, is checkpointed), the
+    progress bar, and the summaries (last: they read the stop rules' bests and every reason).
 
     With several processes (hardware.distributed) every process runs the loop and the
     checkpointer (Orbax coordinates them); only process 0 writes metrics, summaries, plots and
@@ -275,13 +276,14 @@ def simulate(
     dirs = [out_dir] if runner.seeds is None else [out_dir / f"seed_{s}" for s in runner.seeds]
     for d in (out_dir, *dirs):
         d.mkdir(parents=True, exist_ok=True)
-    stop_rules = StopRules(stop or StopConfig())
+    stop_rules = StopRules(stop or StopConfig(), alg.stop_reason)
     checkpoints = Checkpoints(out_dir / "checkpoints", checkpoint_every)
     summaries = Summaries(out_dir, alg.name, title or alg.name, runner, stop_rules, primary)
     hooks = [
         *make_writers(writers, primary),
         stop_rules,
         NaNGuard(checkpoints.directory),
+        *alg.loop_hooks(),
         checkpoints,
         Progress(alg.name, progress and primary),
         summaries,

@@ -211,3 +211,22 @@ def avg_pool(x: Array, window: int = 2) -> Array:
 def global_max_pool(x: Array) -> Array:
     """Max over spatial axes. ``[..., H, W, C] -> [..., C]``."""
     return jnp.max(x, axis=(-3, -2))
+
+
+def adaptive_avg_pool(x: Array, size: int) -> Array:
+    """PyTorch's AdaptiveAvgPool2d to ``size x size``: ``[..., H, W, C] -> [..., size, size, C]``.
+
+    Output cell i averages input rows floor(i H / size) .. ceil((i + 1) H / size) - 1 (and the
+    same over W), so it works for any H, W >= 1 (28x28 inputs give overlapping cells). Written as
+    two pooling matrices, so it is a pair of matmuls under vmap."""
+    *_, h, w, _ = x.shape
+    return jnp.einsum("ih,...hwc,jw->...ijc", _pool_matrix(h, size), x, _pool_matrix(w, size))
+
+
+def _pool_matrix(n: int, size: int) -> Array:
+    """[size, n]: row i holds 1 / len over the inputs of adaptive cell i, 0 elsewhere."""
+    rows = []
+    for i in range(size):
+        lo, hi = (i * n) // size, -((-(i + 1) * n) // size)
+        rows.append([1.0 / (hi - lo) if lo <= j < hi else 0.0 for j in range(n)])
+    return jnp.asarray(rows, jnp.float32)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from fedjax_semi.models.ada_models import SVHNCNN, TEXT_CNN_REGIONS, TextCNN
 from fedjax_semi.models.architectures import CNN, MLP, ResNet9, SimpleCNN, TextClassifier, scaled
-from fedjax_semi.models.vgg import VGG9
+from fedjax_semi.models.vgg import VGG9, VGG9Exits
 
 Array = jax.Array
 
@@ -34,6 +34,7 @@ MODEL_INPUT_KINDS: dict[str, tuple[str, ...]] = {
     "simple_cnn": ("image",),
     "resnet9": ("image",),
     "vgg9": ("image",),
+    "vgg9_exits": ("image",),
     "text": ("tokens",),
     "svhn_cnn": ("image",),
     "text_cnn": ("tokens",),
@@ -173,6 +174,12 @@ def _build_vgg9(
     return VGG9(num_classes, width, dropout, conv_impl)
 
 
+def _build_vgg9_exits(
+    num_classes: int, *, width: float, dropout: float, conv_impl: str, **_: Any
+) -> nn.Module:
+    return VGG9Exits(num_classes, width, dropout, conv_impl)
+
+
 def _build_text(
     num_classes: int,
     *,
@@ -216,6 +223,7 @@ MODELS: dict[str, ModuleBuilder] = {
     "simple_cnn": _build_simple_cnn,
     "resnet9": _build_resnet9,
     "vgg9": _build_vgg9,
+    "vgg9_exits": _build_vgg9_exits,  # HeteroAda-FedSemi's multi-exit VGG-9 (final exit)
     "text": _build_text,
     "svhn_cnn": _build_svhn_cnn,
     "text_cnn": _build_text_cnn,

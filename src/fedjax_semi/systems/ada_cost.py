@@ -136,6 +136,22 @@ def round_cost(
     return RoundCost(time_s=t, traffic_bytes=b, cost=weighted_cost(t, b, alpha))
 
 
+def waiting_terms(t_client: Any, mask: Any) -> tuple[jax.Array, jax.Array]:
+    """One round's share of Eq. 34: (sum_{m in V_k} (t_{k,max} - t_{k,m}) / t_{k,max}, |V_k|)
+    over t_client float [M] and mask bool [M] -> (float32 [], float32 []). A run's waiting
+    ratio is the sum of the first over its rounds divided by the sum of the second (x 100%)."""
+    t, mask = jnp.asarray(t_client, jnp.float32), jnp.asarray(mask, bool)
+    t_max = straggler_time(t, mask)
+    wait = jnp.where(mask, (t_max - t) / jnp.where(t_max > 0, t_max, 1.0), 0.0)
+    return jnp.sum(wait), jnp.sum(mask).astype(jnp.float32)
+
+
+def waiting_ratio(wait_sum: Any, count: Any) -> jax.Array:
+    """Eq. 34 in percent from the summed `waiting_terms` of the rounds so far (0 before any)."""
+    count = jnp.asarray(count, jnp.float32)
+    return 100.0 * jnp.asarray(wait_sum, jnp.float32) / jnp.maximum(count, 1.0)
+
+
 # ----------------------------------------------------------------------------- a whole run
 
 

@@ -1,0 +1,214 @@
+"""HeteroAda-FedSemi (Xu et al., "Enhancing Federated Learning with Server-Side Unlabeled Data
+by Adaptive Client and Data Selection", Sec. 4, Algorithms 1 and 3, Eqs. 19-25): Ada-FedSemi,
+both agents unchanged, whose selected clients train prefix sub-models H^d of a multi-exit model
+(`models.vgg.VGG9Exits`), as deep as their estimated speed allows.
+
+    init: Ada-FedSemi's, plus a one-off profiling at k = 0: every client's compute speed and
+          bandwidth from its full-model times (Eqs. 24-25)
+    each round k (one compiled program; every client runs the full model, masked to its depth):
+      prepare   Ada-FedSemi's selection; t_hat_m, the full-model time each selected client
+                would need (Eq. 23); Alg. 3 clusters those times into depths d_m, the slowest
+                cluster training H^1 and the fastest the full model H^L
+      clients   tau SGD steps on sum_{b <= d_m} f^b (Eq. 22) from the broadcast w_k; the
+                parameters of parts b > d_m are masked out of every update (momentum and
+                weight decay included), so they leave the client as they came
+      finish    layer-wise aggregation: part b is the N_m-weighted mean over the clients with
+                d_m >= b (its old value when none), then Ada-FedSemi's server phase, where the
+                teacher's final exit labels the pool, the server epoch trains on the sum of the
+                exit losses and validation reads the final exit; t_k = max t_{k,m}(d_m) +
+                t_p |D_{k,U}|, b_k = sum_m 2 size_{d_m}; the selected clients' estimates are
+                renewed from the times they report (Eqs. 24-25), the others keep theirs
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from fedjax_semi.algorithms.ada_fedsemi import AdaFedSemi, AdaPlan
+from fedjax_semi.algorithms.base import FLState, RoundShared, register
+from fedjax_semi.algorithms.hetero_ada_config import HeteroAdaConfig
+from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
+from fedjax_semi.engine.keys import DROPOUT, HETERO_KMEANS, SAMPLE, client_key, round_key
+from fedjax_semi.engine.train import cross_entropy, local_train, masked_mean
+from fedjax_semi.errors import bad
+from fedjax_semi.kernels import depths
+from fedjax_semi.models.vgg import NUM_PARTS, VGG9Exits, exit_parts
+from fedjax_semi.models.zoo import Model
+from fedjax_semi.systems import tx2
+
+PyTree = Any
+
+
+@struct.dataclass
+class DepthTable:
+    """prepare -> client_update, one row per client [M]: its id, labeled table and depth d_m
+    (int32; 0: not selected this round)."""
+
+    id: jax.Array
+    table: RoleTable
+    depth: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class ExitsObjective:
+    """Eq. 22: sum_b e_b f^b, f^b the mean cross-entropy of exit b on the batch; exit_on float
+    [L] (e_b: 1 for b <= d_m; None: every exit). `model` returns every exit, [L, B, Q]."""
+
+    model: Model
+    exit_on: Any = None
+
+    def __call__(self, params, model_state, batch: dict, rng, anchor, pl_on):
+        variables = {"params": params, **model_state}
+        logits, new_state = self.model.apply(variables, batch["x"], train=True, rng=rng)
+        valid = batch["valid"] & (batch["y"] >= 0)
+        per_exit = jax.vmap(lambda lg: masked_mean(cross_entropy(lg, batch["y"]), valid))(logits)
+        on = jnp.ones_like(per_exit) if self.exit_on is None else jnp.asarray(self.exit_on)
+        return jnp.sum(on * per_exit), (new_state, {"pl_rate": jnp.zeros(())})
+
+
+def masked_updates(keep: PyTree) -> optax.GradientTransformation:
+    """Zero the update of every leaf whose `keep` (a bool per leaf, traced) is False: chained
+    after the optimizer, the parts a client does not train stay exactly as broadcast, whatever
+    momentum or weight decay would do (Sec. 3.6 of the spec; the paper's sub-model H^d has no
+    parts > d at all)."""
+
+    def update(updates, state, params=None):
+        return jax.tree.map(lambda u, k: jnp.where(k, u, jnp.zeros_like(u)), updates, keep), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+@dataclasses.dataclass
+class HeteroAdaFedSemi(AdaFedSemi):
+    cfg: HeteroAdaConfig
+    name: str = "hetero_ada"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        c, module = self.cfg, self.model.module
+        if not isinstance(module, VGG9Exits):
+            raise bad("model.name", self.model.name, "vgg9_exits for algorithm hetero_ada")
+        if self.tx2 is None:
+            raise bad(
+                "systems.name",
+                self.systems.name,
+                "tx2 for algorithm hetero_ada (Eqs. 23-25 read the clients' reported times)",
+            )
+        self.num_parts = NUM_PARTS
+        if len(c.part_bytes) != NUM_PARTS:
+            raise bad("algorithm.part_bytes", c.part_bytes, f"{NUM_PARTS} sizes, one a sub-model")
+        # Training sees every exit; evaluation, pseudo-labels and the per-client test use the
+        # registry's model, whose output is the final exit.
+        self.exits_model = dataclasses.replace(
+            self.model, module=module.clone(output="all", detach=c.detach_between_parts)
+        )
+        self.parts = exit_parts(self.template["params"])
+        self.objective = ExitsObjective(self.exits_model)
+        final = tuple(float(b == NUM_PARTS) for b in range(1, NUM_PARTS + 1))
+        self.server_objective = ExitsObjective(
+            self.exits_model, None if c.server_exit_losses == "all" else final
+        )
+        # Table 9's constants: Pi_b = tau load_b (training load), Omega_b = directions size_b.
+        self.pi = c.local_steps * jnp.asarray(c.part_loads, jnp.float32)
+        self.omega = c.traffic_directions * jnp.asarray(c.part_bytes, jnp.float32)
+
+    # ------------------------------------------------------------------ state
+
+    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
+        """Ada-FedSemi's state and each client's profiled estimates psi_hat, gamma_hat [M]: a
+        one-off benchmark of the full model before round 1 (docs/choices.md A22)."""
+        state = super().init(key, fed)
+        t_cp, t_cm = self._times(key, jnp.int32(0), jnp.full((self.num_clients,), NUM_PARTS))
+        psi, gamma = depths.capability(self.pi[-1], self.omega[-1], t_cp, t_cm)
+        return state.replace(extra={**state.extra, "psi_hat": psi, "gamma_hat": gamma})
+
+    def _times(self, key, r, depth):
+        """(t^cp, t^cm) [M] of the TX2 clients training the sub-models H^depth (depth [M])."""
+        c, d = self.cfg, jnp.clip(depth, 1, NUM_PARTS) - 1
+        load = jnp.asarray(c.part_loads, jnp.float32)
+        size = jnp.asarray(c.part_bytes, jnp.float32)[d]
+        return tx2.client_times(
+            self.tx2, key, r, self.num_clients, load[d] / load[-1], size, c.traffic_directions
+        )
+
+    def client_times(self, plan: AdaPlan, key: jax.Array, r: jax.Array):
+        """Each client's (t^cp, t^cm) for its sub-model H^{d_m} and its bytes, [M] each (A21)."""
+        t_cp, t_cm = self._times(key, r, plan.depth)
+        size = jnp.asarray(self.cfg.part_bytes, jnp.float32)[jnp.clip(plan.depth, 1) - 1]
+        return t_cp, t_cm, size
+
+    # ------------------------------------------------------------------ one round
+
+    def prepare(self, state: FLState, data: TrainView, key: jax.Array):
+        c, ex = self.cfg, state.extra
+        plan, inputs, shared = super().prepare(state, data, key)
+        # Alg. 3: estimated full-model times (Eq. 23) -> depths of the selected clients.
+        t_hat = depths.full_model_time(self.pi[-1], self.omega[-1], ex["psi_hat"], ex["gamma_hat"])
+        depth = depths.assign_depths(
+            round_key(key, HETERO_KMEANS, state.round + 1), t_hat, plan.sel, NUM_PARTS,
+            c.kmeans_restarts, c.kmeans_max_iter, c.min_rel_gap,
+        )  # fmt: skip
+        inputs = DepthTable(inputs.id, inputs.table, depth)
+        return plan.replace(depth=depth), inputs, shared
+
+    def client_update(self, inp: DepthTable, shared: RoundShared) -> dict:
+        """tau steps on the exits b <= d_m (Eq. 22), parts b > d_m masked out of the update."""
+        eta = self.lr_at(shared.round + 1)
+        on = jnp.arange(1, NUM_PARTS + 1) <= inp.depth  # e_{m,b}, bool [L]
+        keep = jax.tree.map(lambda b: on[b - 1], self.parts)
+        tx = optax.chain(self._tx(eta), masked_updates(keep))
+        objective = dataclasses.replace(self.objective, exit_on=on.astype(jnp.float32))
+        w = shared.models
+        new, _, stats = local_train(
+            objective,
+            tx,
+            w,
+            tx.init(w["params"]),
+            shared.x,
+            shared.y,
+            inp.table,
+            self.schedule,
+            client_key(shared.key, SAMPLE, shared.round, inp.id),
+            client_key(shared.key, DROPOUT, shared.round, inp.id),
+        )
+        return {"vars": new, "weight": inp.table.count.astype(jnp.float32), **stats}
+
+    def aggregate(self, state: FLState, plan: AdaPlan, out) -> PyTree:
+        """Layer-wise aggregation (Sec. 4.2): part b over the clients with d_m >= b."""
+        g = state.global_vars
+        params = depths.layerwise_mean(
+            out["vars"]["params"], out["weight"], plan.depth, self.parts, g["params"]
+        )
+        return {**g, "params": params}
+
+    def finish(self, state: FLState, plan: AdaPlan, out, key: jax.Array):
+        new, metrics = super().finish(state, plan, out, key)
+        ex, r = state.extra, state.round + 1
+        # Eqs. 24-25 from the times the selected clients report (the same draws as the round's
+        # clock); the others keep their last estimate (A22), and an ended run keeps them all.
+        t_cp, t_cm, _ = self.client_times(plan, key, r)
+        d = jnp.clip(plan.depth, 1, NUM_PARTS) - 1
+        psi, gamma = depths.capability(self.pi[d], self.omega[d], t_cp, t_cm)
+        renew = plan.sel & ~ex["done"]
+        new = new.replace(
+            extra={
+                **new.extra,
+                "psi_hat": jnp.where(renew, psi, ex["psi_hat"]),
+                "gamma_hat": jnp.where(renew, gamma, ex["gamma_hat"]),
+            }
+        )
+        metrics["depth"] = plan.depth
+        for b in range(1, NUM_PARTS + 1):
+            metrics[f"n_depth{b}"] = jnp.sum(plan.depth == b).astype(jnp.int32)
+        return new, metrics
+
+
+@register("hetero_ada", HeteroAdaConfig)
+def hetero_ada(cfg: HeteroAdaConfig, **kw) -> HeteroAdaFedSemi:
+    return HeteroAdaFedSemi(cfg, **kw)
