@@ -112,8 +112,8 @@ def report_main(argv: list[str] | None = None) -> None:
         labeled_ratio_table,
         participation_table,
         report,
-        ttap,
     )
+    from fedjax_semi.results.ttap import ttap
 
     ap = argparse.ArgumentParser(
         prog="fedjax-semi-report",

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedjax_semi.config import check_hwn
+from fedjax_semi.systems.hwn_check import check_hwn
 from fedjax_semi.systems.wireless import dbm_to_watt
 
 _LN2 = 0.6931471805599453
