@@ -248,7 +248,7 @@ class SystemsConfig:
     hwn_fading: str = "rayleigh"
     hwn_bandwidth_share: str = "dedicated"
     # Ada-FedSemi's heterogeneous Jetson TX2 clients (Sec. 5.8, Table 8; `systems=tx2`, read by
-    # systems/tx2.py, which says what each constant is; the spec's calibration, Sec. 4.8).
+    # systems/tx2.py, which says what each constant is; calibrated in docs/choices.md).
     tx2_speeds: list[float] = field(default_factory=lambda: [1.0, 0.5, 0.75, 0.8, 0.7])
     tx2_mode_period: int = 20
     tx2_group_shares: list[float] = field(default_factory=lambda: [0.5, 0.25, 0.25])

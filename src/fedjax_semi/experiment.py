@@ -211,7 +211,7 @@ def own_pool(ds: ArrayDataset, part: Partition) -> tuple[dict, dict]:
 
 def resized(ds: ArrayDataset, size: int | None) -> ArrayDataset:
     """The dataset with its train and test images resized to size x size (dataset.image_size;
-    STL-10's 96x96 to VGG9's 32x32, spec A16); its unlabeled split is resized when a pool
+    STL-10's 96x96 to VGG9's 32x32, docs/choices.md A16); its unlabeled split is resized when a pool
     draws on it. Normalization statistics are kept (bilinear resizing barely moves them)."""
     if size is None:
         return ds

@@ -75,7 +75,7 @@ class ExitsObjective:
 def masked_updates(keep: PyTree) -> optax.GradientTransformation:
     """Zero the update of every leaf whose `keep` (a bool per leaf, traced) is False: chained
     after the optimizer, the parts a client does not train stay exactly as broadcast, whatever
-    momentum or weight decay would do (Sec. 3.6 of the spec; the paper's sub-model H^d has no
+    momentum or weight decay would do (the paper's sub-model H^d has no
     parts > d at all)."""
 
     def update(updates, state, params=None):

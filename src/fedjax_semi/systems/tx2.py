@@ -3,7 +3,7 @@ Unlabeled Data by Adaptive Client and Data Selection", Sec. 5.8 and Table 8): th
 a client needs to train and exchange a (sub-)model, for Ada-FedSemi and HeteroAda-FedSemi on one
 clock. The paper states the structure (five power modes, mode 0 about 2x faster than mode 1,
 modes redrawn every 20 rounds; 10 / 5 / 5 clients at 2 / 10 / 20 m from one Wi-Fi router with
-fluctuating bandwidth) but no speeds or bandwidths; the constants are the spec's calibration
+fluctuating bandwidth) but no speeds or bandwidths; the constants are our calibration
 (docs/choices.md, Ada-FedSemi A25):
 
     t^cp_{k,m}(d) = t_ovh + t_full (load_d / load_L) / speed[mode_m(k)]      (training, s)
