@@ -270,6 +270,29 @@ def test_heterogeneous_tx2_clock_and_the_validation_switch():
     np.testing.assert_allclose([m["alpha"] for m in rows], [0.9, 0.1], rtol=1e-6)
 
 
+def test_fixed_p_baseline_replays_adas_p_trace(tmp_path):
+    """Table 7's baselines: FedSemi replays P_1, P_2, ... from an Ada run's metrics.jsonl (the
+    last P holds after the trace), with ceil(P_k M) participants each round."""
+    trace = [0.3, 0.7, 0.3, 1.0]
+    rows = [{"round": k + 1, "P": p, "accuracy": 0.5} for k, p in enumerate(trace)]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[::-1]))  # any row order
+    exp = build("algorithm=fedsemi", f"algorithm.p_trace_from={path}")
+    _, got = run(exp.runner(chunk=1, eval_chunk=1), 6)
+    want = trace + [1.0, 1.0]
+    np.testing.assert_allclose([float(m["P"]) for m in got], want, rtol=1e-6)
+    assert [int(m["n"]) for m in got] == [math.ceil(round(p * M, 6)) for p in want]
+    (tmp_path / "no_p.jsonl").write_text(json.dumps({"round": 1, "accuracy": 0.5}) + "\n")
+    for bad_path, allowed in ((tmp_path / "missing.jsonl", "no such file"),
+                              (tmp_path / "no_p.jsonl", "carry P")):  # fmt: skip
+        with pytest.raises(ConfigError) as e:
+            build("algorithm=fedsemi", f"algorithm.p_trace_from={bad_path}")
+        msg = str(e.value)
+        assert msg.startswith("algorithm.p_trace_from=") and allowed in msg and "\n" not in msg
+    with pytest.raises(ConfigError, match="adaptive_p=true"):
+        build("algorithm=ada_fedsemi", f"algorithm.p_trace_from={path}")
+
+
 @pytest.mark.parametrize(
     ("overrides", "key"),
     [

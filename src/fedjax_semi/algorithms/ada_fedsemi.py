@@ -34,7 +34,11 @@ import jax.numpy as jnp
 from flax import struct
 
 from fedjax_semi.algorithms import ada_run
-from fedjax_semi.algorithms.ada_fedsemi_config import AdaFedSemiConfig, participant_counts
+from fedjax_semi.algorithms.ada_fedsemi_config import (
+    AdaFedSemiConfig,
+    participant_counts,
+    read_p_trace,
+)
 from fedjax_semi.algorithms.base import (
     ClientTable,
     FLState,
@@ -141,6 +145,13 @@ class AdaFedSemi(Method):
         c = self.cfg
         # A fixed P or C is a one-arm grid that is never updated.
         self.p_values = tuple(c.p_arms) if c.adaptive_p else (c.fixed_p,)
+        # Table 7's replay of Ada-FedSemi's P_k: the trace's values as the arm grid, and the
+        # arm of each round [T] (the last one holds after the trace ends).
+        self.p_trace_arms = None
+        if c.p_trace_from is not None:
+            trace = read_p_trace(c.p_trace_from)
+            self.p_values = tuple(sorted(set(trace)))
+            self.p_trace_arms = jnp.asarray([self.p_values.index(p) for p in trace], jnp.int32)
         self.c_values = tuple(c.c_arms) if c.adaptive_c else (c.fixed_c,)
         self.n_table = participant_counts(self.p_values, self.num_clients)
         params = wireless.param_count(self.template["params"])
@@ -204,7 +215,7 @@ class AdaFedSemi(Method):
             "has_pl": jnp.zeros((), bool),
             "p_agent": p_agent,
             "c_agent": c_agent,
-            "p_arm": self._next_arm(key, ADA_P_ARM, 0, p_agent, c.adaptive_p),  # P_1 (Eq. 18)
+            "p_arm": self._next_p_arm(key, 0, p_agent),  # P_1 (Eq. 18)
             "c_arm": self._next_arm(key, ADA_C_ARM, 0, c_agent, c.adaptive_c),  # C_1
             "u_prev": jnp.asarray(u0, jnp.float32),
             "traffic_gb": jnp.zeros((), jnp.float32),
@@ -222,6 +233,12 @@ class AdaFedSemi(Method):
             sim_time=jnp.zeros((), jnp.float32),
             extra=extra,
         )
+
+    def _next_p_arm(self, key, rnd, agent) -> jax.Array:
+        """P_{rnd+1}'s arm: the replayed trace's, else the P agent's (Eq. 18) or the fixed P."""
+        if self.p_trace_arms is not None:
+            return self.p_trace_arms[jnp.minimum(rnd, self.p_trace_arms.shape[0] - 1)]
+        return self._next_arm(key, ADA_P_ARM, rnd, agent, self.cfg.adaptive_p)
 
     def _next_arm(self, key, purpose: int, rnd, agent, adaptive: bool) -> jax.Array:
         if not adaptive:
@@ -356,7 +373,7 @@ class AdaFedSemi(Method):
             has_pl=has_pl,
             p_agent=p_agent,
             c_agent=c_agent,
-            p_arm=self._next_arm(key, ADA_P_ARM, r, p_agent, c.adaptive_p),  # P_{k+1} (Eq. 18)
+            p_arm=self._next_p_arm(key, r, p_agent),  # P_{k+1} (Eq. 18)
             c_arm=self._next_arm(key, ADA_C_ARM, r, c_agent, c.adaptive_c),  # C_{k+1}
             u_prev=u_c,
             traffic_gb=traffic_gb,

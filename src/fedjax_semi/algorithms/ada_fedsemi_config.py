@@ -52,6 +52,10 @@ class AdaFedSemiConfig(AlgorithmConfig):
     adaptive_p: bool = True  # false: P = fixed_p every round (FedSemi-P-C, FedAvg-P)
     adaptive_c: bool = True  # false: C = fixed_c every round
     fixed_p: float = 0.5
+    # Table 7's baselines replay Ada-FedSemi's P_k round by round: the metrics.jsonl of an Ada
+    # run (its `P` column; with replicas, one seed's seed_<s>/metrics.jsonl). Round k uses the
+    # k-th P, the last one after the trace ends; needs adaptive_p=false (fixed_p is then unused).
+    p_trace_from: str | None = None
     fixed_c: float = 0.9  # 1.0: FedAvg-P (strict >, nothing is selected)
     # The agents (Eqs. 17-18): step size beta, inverse temperature psi, initial estimates q0.
     beta: float = 0.1
@@ -131,8 +135,39 @@ class AdaFedSemiConfig(AlgorithmConfig):
             )
         if not 0 <= self.alpha_after <= 1:
             raise bad("algorithm.alpha_after", self.alpha_after, "a number in [0, 1] (Eq. 10)")
+        if self.p_trace_from is not None:
+            if self.adaptive_p:
+                raise bad(
+                    "algorithm.p_trace_from",
+                    self.p_trace_from,
+                    "null with adaptive_p=true (a trace replaces the P agent)",
+                )
+            read_p_trace(self.p_trace_from)  # a missing or P-less file fails here, before work
         if self.stop_on_target and self.target_acc is None:
             raise bad("algorithm.stop_on_target", True, "false without algorithm.target_acc")
+
+
+def read_p_trace(path: str) -> tuple[float, ...]:
+    """P_1, P_2, ... of an Ada-FedSemi run: the `P` column of its metrics.jsonl, by round."""
+    import json
+    from pathlib import Path
+
+    key = "algorithm.p_trace_from"
+    f = Path(path)
+    if not f.is_file():
+        raise bad(key, path, "the path of an Ada-FedSemi run's metrics.jsonl (no such file)")
+    by_round = {}
+    for line in f.read_text().splitlines():
+        try:
+            row = json.loads(line) if line.strip() else {}
+        except json.JSONDecodeError:
+            raise bad(key, path, "a metrics.jsonl of JSON lines (a line does not parse)") from None
+        if isinstance(row.get("P"), int | float) and isinstance(row.get("round"), int):
+            by_round[row["round"]] = float(row["P"])
+    trace = tuple(by_round[k] for k in sorted(by_round))
+    if not trace or not all(0 < p <= 1 for p in trace):
+        raise bad(key, path, "a metrics.jsonl whose rows carry P in (0, 1] (an Ada-FedSemi run)")
+    return trace
 
 
 def participant_counts(p_values, num_clients: int) -> tuple[int, ...]:
