@@ -148,3 +148,16 @@ def isolated_data_env(monkeypatch, tmp_path):
     registry.clear_cache()
     yield
     registry.clear_cache()
+
+
+def corrupt_server_labels(fed, name: str, visible: bool):
+    """Shift the labels of the server set `name` by one class (the visible ones too when
+    `visible`: the validation set's labels are the server's)."""
+    import dataclasses
+
+    import jax.numpy as jnp
+    import numpy as np
+
+    idx = np.asarray(fed.server[name])
+    new = lambda y: jnp.asarray(y).at[idx].set((jnp.asarray(y)[idx] + 1) % fed.num_classes)
+    return dataclasses.replace(fed, y=new(fed.y) if visible else fed.y, eval_y=new(fed.eval_y))

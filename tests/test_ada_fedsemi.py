@@ -9,7 +9,6 @@ bad input. The kernels: test_bandit.py, test_ada_cost.py; HeteroAda-FedSemi: tes
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -19,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compose_config, swapped_data
+from conftest import compose_config, corrupt_server_labels, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.algorithms.ada_fedsemi_config import participant_counts
 from fedjax_semi.algorithms.ada_run import PreferenceSwitch
@@ -163,21 +162,13 @@ def test_chunk_and_reference_agree(ada):
             np.testing.assert_allclose(x, y, atol=1e-4, err_msg=label)
 
 
-def corrupt(fed, name: str, visible: bool):
-    """Shift the labels of the server set `name` by one class (the visible ones too when
-    `visible`: the validation set's labels are the server's)."""
-    idx = np.asarray(fed.server[name])
-    new = lambda y: jnp.asarray(y).at[idx].set((jnp.asarray(y)[idx] + 1) % fed.num_classes)
-    return dataclasses.replace(fed, y=new(fed.y) if visible else fed.y, eval_y=new(fed.eval_y))
-
-
 def test_validation_set_never_trains(fixed, ada):
     """Bandits off: corrupted validation labels change the validation accuracies (the rewards'
     input) and nothing that was trained. Bandits on: round 1's draws come before any reward, so
     its trained model is the same too."""
     runner = fixed.runner(chunk=1, eval_chunk=1)
     states, rows = run(runner, 2)
-    with swapped_data(runner, corrupt(fixed.fed, "server_val", visible=True)) as r:
+    with swapped_data(runner, corrupt_server_labels(fixed.fed, "server_val", visible=True)) as r:
         bad_states, bad_rows = run(r, 2, r.alg.init(jax.random.PRNGKey(0), r.fed))
     assert_same_tree(states[-1].global_vars, bad_states[-1].global_vars)
     assert_same_tree(states[-1].extra["teacher"], bad_states[-1].extra["teacher"])
@@ -186,7 +177,7 @@ def test_validation_set_never_trains(fixed, ada):
 
     runner = ada.runner(chunk=1, eval_chunk=1)
     states, _ = run(runner, 1)
-    with swapped_data(runner, corrupt(ada.fed, "server_val", visible=True)) as r:
+    with swapped_data(runner, corrupt_server_labels(ada.fed, "server_val", visible=True)) as r:
         bad_states, _ = run(r, 1, r.alg.init(jax.random.PRNGKey(0), r.fed))
     assert_same_tree(states[1].global_vars, bad_states[1].global_vars)
     assert not np.array_equal(states[1].extra["u_prev"], bad_states[1].extra["u_prev"])
@@ -195,7 +186,7 @@ def test_validation_set_never_trains(fixed, ada):
 def test_hidden_pool_labels_change_only_the_pseudo_label_accuracy(fixed):
     runner = fixed.runner(chunk=1, eval_chunk=1)
     states, rows = run(runner, 2)
-    bad_fed = corrupt(fixed.fed, "server_unlabeled", visible=False)
+    bad_fed = corrupt_server_labels(fixed.fed, "server_unlabeled", visible=False)
     with swapped_data(runner, bad_fed) as r:
         bad_states, bad_rows = run(r, 2)
     assert_same_tree(states, bad_states)

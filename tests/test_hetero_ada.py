@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import compose_config, swapped_data
+from conftest import compose_config, corrupt_server_labels, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.algorithms.hetero_ada import DepthTable, ExitsObjective, masked_updates
 from fedjax_semi.data.federated import RoleTable
@@ -493,16 +493,10 @@ def test_chunk_and_reference_agree(hetero, hetero_rows):
             np.testing.assert_allclose(x, y, atol=1e-4, err_msg=label)
 
 
-def corrupt(fed, name: str, visible: bool):
-    idx = np.asarray(fed.server[name])
-    new = lambda y: jnp.asarray(y).at[idx].set((jnp.asarray(y)[idx] + 1) % fed.num_classes)
-    return dataclasses.replace(fed, y=new(fed.y) if visible else fed.y, eval_y=new(fed.eval_y))
-
-
 def test_hidden_pool_labels_change_only_the_pseudo_label_accuracy(hetero, runner1, hetero_rows):
     runner = runner1
     states, rows = hetero_rows
-    bad_fed = corrupt(hetero.fed, "server_unlabeled", visible=False)
+    bad_fed = corrupt_server_labels(hetero.fed, "server_unlabeled", visible=False)
     with swapped_data(runner, bad_fed) as r:
         bad_states, bad_rows = run(r, 3, r.alg.init(jax.random.PRNGKey(0), r.fed))
     assert_same_tree(states, bad_states)
@@ -515,7 +509,7 @@ def test_hidden_pool_labels_change_only_the_pseudo_label_accuracy(hetero, runner
 def test_validation_set_never_trains(hetero, runner1, hetero_rows):
     runner = runner1
     states, rows = hetero_rows
-    with swapped_data(runner, corrupt(hetero.fed, "server_val", visible=True)) as r:
+    with swapped_data(runner, corrupt_server_labels(hetero.fed, "server_val", visible=True)) as r:
         bad_states, bad_rows = run(r, 3, r.alg.init(jax.random.PRNGKey(0), r.fed))
     assert_same_tree(states[-1].global_vars, bad_states[-1].global_vars)
     assert_same_tree(states[-1].extra["teacher"], bad_states[-1].extra["teacher"])
