@@ -161,3 +161,16 @@ def corrupt_server_labels(fed, name: str, visible: bool):
     idx = np.asarray(fed.server[name])
     new = lambda y: jnp.asarray(y).at[idx].set((jnp.asarray(y)[idx] + 1) % fed.num_classes)
     return dataclasses.replace(fed, y=new(fed.y) if visible else fed.y, eval_y=new(fed.eval_y))
+
+
+def run_rounds(runner, rounds: int, state=None):
+    """(states after rounds 0..rounds, each round's metrics and evaluation) of a runner."""
+    import jax
+
+    state = runner.init() if state is None else state
+    states, rows = [state], []
+    for _ in range(rounds):
+        state, m = runner.round(state)
+        rows.append(jax.device_get({**m, **runner.evaluate(state)}))
+        states.append(state)
+    return states, rows

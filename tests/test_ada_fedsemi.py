@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import compose_config, corrupt_server_labels, swapped_data
+from conftest import run_rounds as run
 from fedjax_semi import experiment
 from fedjax_semi.algorithms.ada_fedsemi_config import participant_counts
 from fedjax_semi.algorithms.ada_run import PreferenceSwitch
@@ -44,17 +45,6 @@ BASE = [
 
 def build(*extra: str):
     return experiment.build(compose_config(*BASE, *extra))
-
-
-def run(runner, rounds: int, state=None):
-    """(states after rounds 0..rounds, each round's metrics and evaluation)."""
-    state = runner.init() if state is None else state
-    states, rows = [state], []
-    for _ in range(rounds):
-        state, m = runner.round(state)
-        rows.append(jax.device_get({**m, **runner.evaluate(state)}))
-        states.append(state)
-    return states, rows
 
 
 def assert_same_tree(a, b, msg=""):

@@ -17,6 +17,7 @@ import optax
 import pytest
 
 from conftest import compose_config, corrupt_server_labels, swapped_data
+from conftest import run_rounds as run
 from fedjax_semi import experiment
 from fedjax_semi.algorithms.hetero_ada import DepthTable, ExitsObjective, masked_updates
 from fedjax_semi.data.federated import RoleTable
@@ -354,16 +355,6 @@ BASE = [
 # sample pseudo-labeled, so the server epoch runs from round 1.
 FIXED = ["algorithm.adaptive_p=false", "algorithm.adaptive_c=false", "algorithm.fixed_p=0.6",
          "algorithm.fixed_c=0.0"]  # fmt: skip
-
-
-def run(runner, rounds: int, state=None):
-    state = runner.init() if state is None else state
-    states, rows = [state], []
-    for _ in range(rounds):
-        state, m = runner.round(state)
-        rows.append(jax.device_get({**m, **runner.evaluate(state)}))
-        states.append(state)
-    return states, rows
 
 
 def assert_same_tree(a, b):
