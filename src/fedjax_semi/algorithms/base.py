@@ -171,19 +171,21 @@ class Method(Capabilities):
         opt_state: PyTree | None = None,
         tx: optax.GradientTransformation | None = None,
         schedule: Schedule | None = None,
+        objective: Any = None,
         **kw: Any,
     ) -> tuple[PyTree, PyTree, dict]:
         """`local_train` of one client from `variables` on `table` (rows of shared.x, shared.y):
         the method's objective, optimizer (a fresh state unless `opt_state`) and schedule, and
         the keys client_key(shared.key, purpose, rnd, client) of the `sample` (batches) and
-        `dropout` purposes (rnd defaults to shared.round). `tx` and `schedule` replace the method's
-        for a second model (DoFed-SPP's student); other keywords go to `local_train`.
+        `dropout` purposes (rnd defaults to shared.round). `tx`, `schedule` and `objective` replace
+        the method's (DoFed-SPP's student, HeteroAda's per-depth exits); other keywords go to
+        `local_train`.
         -> (variables, optimizer state, stats)."""
         tx = self.tx if tx is None else tx
         opt = tx.init(variables["params"]) if opt_state is None else opt_state
         t = shared.round if rnd is None else rnd
         return local_train(
-            self.objective,
+            self.objective if objective is None else objective,
             tx,
             variables,
             opt,

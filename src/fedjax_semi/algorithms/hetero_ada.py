@@ -34,8 +34,8 @@ from fedjax_semi.algorithms.ada_fedsemi import AdaFedSemi, AdaPlan
 from fedjax_semi.algorithms.base import FLState, RoundShared, register
 from fedjax_semi.algorithms.hetero_ada_config import HeteroAdaConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
-from fedjax_semi.engine.keys import DROPOUT, HETERO_KMEANS, SAMPLE, client_key, round_key
-from fedjax_semi.engine.train import cross_entropy, local_train, masked_mean
+from fedjax_semi.engine.keys import DROPOUT, HETERO_KMEANS, SAMPLE, round_key
+from fedjax_semi.engine.train import cross_entropy, masked_mean
 from fedjax_semi.errors import bad
 from fedjax_semi.kernels import depths
 from fedjax_semi.models.vgg import NUM_PARTS, VGG9Exits, exit_parts
@@ -164,18 +164,8 @@ class HeteroAdaFedSemi(AdaFedSemi):
         keep = jax.tree.map(lambda b: on[b - 1], self.parts)
         tx = optax.chain(self._tx(eta), masked_updates(keep))
         objective = dataclasses.replace(self.objective, exit_on=on.astype(jnp.float32))
-        w = shared.models
-        new, _, stats = local_train(
-            objective,
-            tx,
-            w,
-            tx.init(w["params"]),
-            shared.x,
-            shared.y,
-            inp.table,
-            self.schedule,
-            client_key(shared.key, SAMPLE, shared.round, inp.id),
-            client_key(shared.key, DROPOUT, shared.round, inp.id),
+        new, _, stats = self.train_client(
+            shared.models, inp.table, shared, inp.id, SAMPLE, DROPOUT, tx=tx, objective=objective
         )
         return {"vars": new, "weight": inp.table.count.astype(jnp.float32), **stats}
 
