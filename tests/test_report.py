@@ -146,3 +146,46 @@ def test_rows_export_tags_setting_and_seed(tmp_path, capsys):
         "train_loss": 1.0,
         "personal_acc": 0.4,
     }
+
+
+def test_paired_differences_against_the_reference_seed_by_seed(tmp_path, capsys):
+    """Each setting minus the reference run of the same seed: mean ± std (ddof=1) of the
+    differences, the pair count and the seeds above; a seed the reference lacks is left out."""
+    rng = np.random.default_rng(1)
+    acc = {}
+    for alg, seeds in (("ref", (0, 1, 2)), ("a", (0, 1, 2, 3)), ("b", (1, 2))):
+        for seed in seeds:
+            acc[alg, seed] = rng.uniform(0, 1, 11)
+            d = tmp_path / f"{alg}{seed}"
+            _run(d, [f"algorithm={alg}", f"seed={seed}"], acc[alg, seed].__getitem__)
+    report_main(
+        [
+            str(tmp_path),
+            "--metrics",
+            "personal_acc",
+            "--budget-rounds",
+            "6",
+            "--paired-to",
+            "algorithm=ref",
+        ]
+    )
+    out = capsys.readouterr().out
+    table = out.split("Paired against the reference")[1]
+    rows = {
+        ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[2:-1]]
+        for ln in table.splitlines()
+        if ln.startswith("| algorithm=")
+    }
+    assert set(rows) == {"algorithm=a", "algorithm=b"}  # the reference has no row
+    for alg, seeds in (("a", (0, 1, 2)), ("b", (1, 2))):  # a's seed 3 has no partner
+        d = np.array([acc[alg, s][6] - acc["ref", s][6] for s in seeds])
+        n, _, _, diff, above = rows[f"algorithm={alg}"]
+        assert n == str(len(seeds))
+        assert diff == f"{100 * d.mean():+.2f} ± {100 * d.std(ddof=1):.2f}"
+        assert above == f"{int((d > 0).sum())}/{len(seeds)}"
+    assert (tmp_path / "report_paired.md").exists()
+    for bad in ("algorithm=zzz", "seed=0"):  # matches no setting; seeds are not settings
+        with pytest.raises(SystemExit):
+            report_main([str(tmp_path), "--metrics", "personal_acc", "--paired-to", bad])
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--paired-to" in err and "exactly one setting" in err

@@ -107,6 +107,7 @@ def _edges(flag: str, value: str | None, allowed: str) -> list[float] | None:
 def report_main(argv: list[str] | None = None) -> None:
     import argparse
 
+    from fedjax_semi.results.paired import paired_table
     from fedjax_semi.results.report import (
         export_rows,
         labeled_ratio_table,
@@ -183,6 +184,13 @@ def report_main(argv: list[str] | None = None) -> None:
         help="cut each run where DoFed-SPP's FA rule would have stopped it (replayed on the "
         "first metric's curve), e.g. 0.01,3,10; a run it never stops is read at the budget",
     )
+    ap.add_argument(
+        "--paired-to",
+        metavar="TOKENS",
+        default=None,
+        help="also tabulate every setting minus the one holding these space-separated key=value "
+        "tokens, seed by seed, on the first metric at the same cut (DIR/report_paired.md)",
+    )
     args = ap.parse_args(argv)
     if not args.sweep_dir.is_dir():
         _fail(f"sweep_dir={str(args.sweep_dir)!r} is not a directory")
@@ -220,6 +228,16 @@ def report_main(argv: list[str] | None = None) -> None:
         if part_edges is not None:
             md += "\n\nPersonal accuracy by participations (rounds a client took part in):\n\n"
             md += participation_table(args.sweep_dir, part_edges)
+        if args.paired_to is not None:
+            md += "\n\nPaired against the reference on the same seeds:\n\n"
+            md += paired_table(
+                args.sweep_dir,
+                args.metrics.split(",")[0],
+                args.paired_to.split(),
+                budget_time=args.budget_time,
+                budget_rounds=args.budget_rounds,
+                last_k=args.last_k,
+            )
         if args.ttap:
             paths = ttap(args.sweep_dir)
         if args.rows is not None:

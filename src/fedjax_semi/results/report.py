@@ -51,9 +51,12 @@ def find_runs(root: Path) -> list[dict]:
         cfg_path, ov_path = d / ".hydra" / "config.yaml", d / ".hydra" / "overrides.yaml"
         cfg = yaml.safe_load(cfg_path.read_text()) if cfg_path.exists() else {}
         overrides = yaml.safe_load(ov_path.read_text()) if ov_path.exists() else []
+        seeds = [_split(o)[1] for o in overrides or [] if _split(o)[0] in SEED_KEYS]
+        seed = _get(cfg or {}, "seed")
         runs.append(
             {
                 "dir": d,
+                "seed": str(seed) if seed is not None else (seeds[0] if seeds else None),
                 "summary": json.loads(summary_path.read_text()),
                 "config": cfg or {},
                 "overrides": [
@@ -195,6 +198,21 @@ def cut_value(
     return float(np.mean([float(r[metric]) for r in last])), int(last[-1]["round"])
 
 
+def run_value(
+    run: dict,
+    metric: str,
+    budget_time: float | None = None,
+    budget_rounds: int | None = None,
+    last_k: int | None = None,
+) -> tuple[float, int | None] | None:
+    """One run's value of ``metric`` (a `find_runs` entry): summary.json's final value, or with
+    any cut given the `cut_value` (value, round at the cut); None when the run has none."""
+    if budget_time is None and budget_rounds is None and last_k is None:
+        v = run["summary"].get("final", {}).get(metric)
+        return None if v is None else (float(v), None)
+    return cut_value(run["dir"], metric, budget_time, budget_rounds, last_k)
+
+
 def fa_stop_round(
     run_dir: Path,
     metric: str,
@@ -249,11 +267,9 @@ def report(
             if fa is not None:
                 stop_round = fa if budget_rounds is None else min(fa, budget_rounds)
         for m in metrics:
-            if cut:
-                values[id(r), m] = cut_value(r["dir"], m, budget_time, stop_round, last_k)
-            else:
-                v = r["summary"].get("final", {}).get(m)
-                values[id(r), m] = None if v is None else (v, None)
+            values[id(r), m] = (
+                cut_value(r["dir"], m, budget_time, stop_round, last_k) if cut else run_value(r, m)
+            )
     metrics = [m for m in metrics if any(values[id(r), m] is not None for r in runs)]
     has_paper = any(r["config"].get("paper") for r in runs)
     what = []

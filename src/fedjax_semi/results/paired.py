@@ -1,0 +1,69 @@
+"""Paired differences: every setting of a sweep against one reference setting, seed by seed.
+
+With a few seeds, the spread between seeds (the partition, the initialization, the cohorts) is
+often larger than the effect of a switch. Two settings run on the same seeds share all of it, so
+the difference per seed, averaged over seeds, is the sharper test of "this switch against the
+defaults". Each setting's runs are paired with the reference run of the same seed; seeds the
+reference lacks are left out and the count says how many pairs there are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from fedjax_semi.results.report import _check_cut, grouped_runs, mean_std, run_value
+
+
+def reference_setting(labels: list[str], tokens: list[str]) -> str:
+    """The one setting label holding every ``key=value`` token (labels as `fedjax-semi-report`
+    prints them, a key absent from a run's overrides reading ``key=default``)."""
+    hits = [label for label in labels if set(tokens) <= set(label.split())]
+    if len(hits) != 1 or not tokens:
+        raise ValueError(
+            f"--paired-to={' '.join(tokens)!r} is not allowed: it must name key=value tokens that "
+            f"exactly one setting holds; it matches {len(hits)} of: {' | '.join(labels)}"
+        )
+    return hits[0]
+
+
+def paired_table(
+    root: Path,
+    metric: str,
+    tokens: list[str],
+    budget_time: float | None = None,
+    budget_rounds: int | None = None,
+    last_k: int | None = None,
+) -> str:
+    """Markdown: per setting, the paired seeds, its value and the reference's on those seeds,
+    the difference (mean ± std over seeds, percentage points) and in how many seeds it is above
+    the reference. Uses the same cut as the main table. Also written to DIR/report_paired.md."""
+    _check_cut(budget_time, budget_rounds, last_k)
+    groups = grouped_runs(root)
+    ref_label = reference_setting(list(groups), tokens)
+
+    def value(r: dict) -> float | None:
+        got = run_value(r, metric, budget_time, budget_rounds, last_k)
+        return None if got is None else got[0]
+
+    ref = {r["seed"]: value(r) for r in groups[ref_label]}
+    header = ["setting", "paired seeds", metric, "reference", "difference (points)", "above in"]
+    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, runs in groups.items():
+        if label == ref_label:
+            continue
+        pairs = [(value(r), ref.get(r["seed"])) for r in runs]
+        pairs = [(v, w) for v, w in pairs if v is not None and w is not None]
+        if not pairs:
+            md.append(f"| {label} | 0 | – | – | – | – |")
+            continue
+        a, b = np.array(pairs).T
+        (mu, sd), (mu_a, _), (mu_b, _) = mean_std(a - b), mean_std(a), mean_std(b)
+        md.append(
+            f"| {label} | {len(a)} | {100 * mu_a:.2f} | {100 * mu_b:.2f} | "
+            f"{100 * mu:+.2f} ± {100 * sd:.2f} | {int(np.sum(a > b))}/{len(a)} |"
+        )
+    text = f"Reference: {ref_label}\n\n" + "\n".join(md)
+    (Path(root) / "report_paired.md").write_text(text + "\n")
+    return text
