@@ -189,3 +189,28 @@ def test_paired_differences_against_the_reference_seed_by_seed(tmp_path, capsys)
             report_main([str(tmp_path), "--metrics", "personal_acc", "--paired-to", bad])
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "--paired-to" in err and "exactly one setting" in err
+
+
+def test_paper_column_only_for_metrics_the_paper_gives(tmp_path):
+    """A preset's `paper:` rows print beside ours, matched on the run's config; a metric the paper
+    does not give gets no paper column (not a column of dashes)."""
+    import yaml
+
+    for alg, acc in (("a", 0.5), ("b", 0.25)):
+        d = tmp_path / alg
+        _run(
+            d,
+            [f"algorithm={alg}"],
+            lambda t, acc=acc: acc,
+            final={"personal_acc": acc, "pl_acc": 0.1},
+        )
+        cfg = {
+            "algorithm": {"name": alg},
+            "paper": [{"where": {"algorithm.name": "a"}, "personal_acc": 0.75}],
+        }
+        (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    header, _, *rows = report(tmp_path, ["personal_acc", "pl_acc"]).splitlines()
+    assert header.count("paper") == 1 and "paper personal_acc" in header
+    cells = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in rows}
+    assert cells["algorithm=a"] == ["1", "50.00 ± 0.00", "10.00 ± 0.00", "75.00"]
+    assert cells["algorithm=b"] == ["1", "25.00 ± 0.00", "10.00 ± 0.00", "–"]

@@ -271,7 +271,12 @@ def report(
                 cut_value(r["dir"], m, budget_time, stop_round, last_k) if cut else run_value(r, m)
             )
     metrics = [m for m in metrics if any(values[id(r), m] is not None for r in runs)]
-    has_paper = any(r["config"].get("paper") for r in runs)
+    # A paper column only for the metrics the preset's paper rows give.
+    paper_metrics = [
+        m
+        for m in metrics
+        if any(_paper_value(r["config"].get("paper"), r["config"], m) is not None for r in runs)
+    ]
     what = []
     if last_k is not None:
         what.append(f"last {last_k} evals")
@@ -285,8 +290,7 @@ def report(
     header = ["setting", "seeds"] + [f"{m} (mean ± std{tag})" for m in metrics]
     if cut and metrics:
         header.append("round at cut (mean)")
-    if has_paper:
-        header += [f"paper {m}" for m in metrics]
+    header += [f"paper {m}" for m in paper_metrics]
     rows, csv_rows = [], []
     for setting, rs in groups.items():
         cells, csv_row = [setting, str(len(rs))], {"setting": setting, "seeds": len(rs)}
@@ -307,11 +311,10 @@ def report(
             cells.append(f"{np.mean(cut_rounds):.1f}" if cut_rounds else "–")
             if cut_rounds:
                 csv_row["round_at_cut"] = float(np.mean(cut_rounds))
-        if has_paper:
-            for m in metrics:
-                pv = _paper_value(rs[0]["config"].get("paper"), rs[0]["config"], m)
-                cells.append("–" if pv is None else f"{100 * pv:.2f}")
-                csv_row[f"paper_{m}"] = pv
+        for m in paper_metrics:
+            pv = _paper_value(rs[0]["config"].get("paper"), rs[0]["config"], m)
+            cells.append("–" if pv is None else f"{100 * pv:.2f}")
+            csv_row[f"paper_{m}"] = pv
         rows.append(cells)
         csv_rows.append(csv_row)
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
