@@ -214,3 +214,27 @@ def test_paper_column_only_for_metrics_the_paper_gives(tmp_path):
     cells = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in rows}
     assert cells["algorithm=a"] == ["1", "50.00 ± 0.00", "10.00 ± 0.00", "75.00"]
     assert cells["algorithm=b"] == ["1", "25.00 ± 0.00", "10.00 ± 0.00", "–"]
+
+
+def test_counts_print_as_logged_and_default_tokens_are_vacuous_where_a_key_never_varies(tmp_path):
+    """A metric outside [0, 1] (a transfer count) is printed as logged, not times 100, in the
+    table and the paired differences; `key=default` picks the reference even when no run varies
+    that key yet (every run then has the same value), while an unknown value picks nothing."""
+    for alg, cost in (("ref", 600), ("a", 1110)):
+        for seed in (0, 1):
+            d = tmp_path / f"{alg}{seed}"
+            _run(
+                d,
+                [f"algorithm={alg}", f"seed={seed}"],
+                lambda t: 0.5,
+                final={"personal_acc": 0.5, "comm_cost": cost + seed},
+            )
+    text = report(tmp_path, ["comm_cost", "personal_acc"])
+    assert "comm_cost (mean ± std, as logged)" in text and "1110.5 ± 0.707" in text
+    assert "50.00 ± 0.00" in text  # accuracies still in percent
+    from fedjax_semi.results.paired import paired_table
+
+    paired = paired_table(tmp_path, "comm_cost", ["algorithm=ref", "algorithm.corr_form=default"])
+    assert "difference (as logged)" in paired and "| +510 ± 0 | 2/2 |" in paired
+    with pytest.raises(ValueError, match="matches 0"):
+        paired_table(tmp_path, "comm_cost", ["algorithm=ref", "algorithm.corr_form=complement"])

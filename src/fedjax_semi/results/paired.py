@@ -13,13 +13,20 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_semi.results.report import _check_cut, grouped_runs, mean_std, run_value
+from fedjax_semi.results.report import _check_cut, grouped_runs, is_fraction, mean_std, run_value
 
 
 def reference_setting(labels: list[str], tokens: list[str]) -> str:
     """The one setting label holding every ``key=value`` token (labels as `fedjax-semi-report`
     prints them, a key absent from a run's overrides reading ``key=default``)."""
-    hits = [label for label in labels if set(tokens) <= set(label.split())]
+
+    def holds(label: str, token: str) -> bool:
+        # key=default also holds where no setting varies the key (then every run has one value)
+        key = token.partition("=")[0]
+        mentioned = any(t.partition("=")[0] == key for t in label.split())
+        return token in label.split() or (token.endswith("=default") and not mentioned)
+
+    hits = [label for label in labels if all(holds(label, t) for t in tokens)]
     if len(hits) != 1 or not tokens:
         raise ValueError(
             f"--paired-to={' '.join(tokens)!r} is not allowed: it must name key=value tokens that "
@@ -37,8 +44,9 @@ def paired_table(
     last_k: int | None = None,
 ) -> str:
     """Markdown: per setting, the paired seeds, its value and the reference's on those seeds,
-    the difference (mean ± std over seeds, percentage points) and in how many seeds it is above
-    the reference. Uses the same cut as the main table. Also written to DIR/report_paired.md."""
+    the difference (mean ± std over seeds; percentage points for a metric in [0, 1]) and in how
+    many seeds it is above the reference. Uses the same cut as the main table. Also written to
+    DIR/report_paired.md."""
     _check_cut(budget_time, budget_rounds, last_k)
     groups = grouped_runs(root)
     ref_label = reference_setting(list(groups), tokens)
@@ -48,7 +56,9 @@ def paired_table(
         return None if got is None else got[0]
 
     ref = {r["seed"]: value(r) for r in groups[ref_label]}
-    header = ["setting", "paired seeds", metric, "reference", "difference (points)", "above in"]
+    pct = is_fraction([v for r in sum(groups.values(), []) if (v := value(r)) is not None])
+    unit = "points" if pct else "as logged"
+    header = ["setting", "paired seeds", metric, "reference", f"difference ({unit})", "above in"]
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for label, runs in groups.items():
         if label == ref_label:
@@ -60,9 +70,10 @@ def paired_table(
             continue
         a, b = np.array(pairs).T
         (mu, sd), (mu_a, _), (mu_b, _) = mean_std(a - b), mean_std(a), mean_std(b)
+        k, f = (100, ".2f") if pct else (1, ".6g")
         md.append(
-            f"| {label} | {len(a)} | {100 * mu_a:.2f} | {100 * mu_b:.2f} | "
-            f"{100 * mu:+.2f} ± {100 * sd:.2f} | {int(np.sum(a > b))}/{len(a)} |"
+            f"| {label} | {len(a)} | {k * mu_a:{f}} | {k * mu_b:{f}} | "
+            f"{k * mu:+{f}} ± {k * sd:{f}} | {int(np.sum(a > b))}/{len(a)} |"
         )
     text = f"Reference: {ref_label}\n\n" + "\n".join(md)
     (Path(root) / "report_paired.md").write_text(text + "\n")

@@ -126,6 +126,16 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
 
 
+def is_fraction(values: list[float]) -> bool:
+    """Whether a metric's values are all in [0, 1] (accuracies, rates): the tables print those
+    in percent and anything else (counts, costs, Corr) as logged."""
+    return all(0.0 <= v <= 1.0 for v in values)
+
+
+def fmt_mean_std(mu: float, sd: float, percent: bool) -> str:
+    return f"{100 * mu:.2f} ± {100 * sd:.2f}" if percent else f"{mu:.6g} ± {sd:.3g}"
+
+
 def _check_cut(
     budget_time: float | None,
     budget_rounds: int | None,
@@ -277,6 +287,7 @@ def report(
         for m in metrics
         if any(_paper_value(r["config"].get("paper"), r["config"], m) is not None for r in runs)
     ]
+    pct = {m: is_fraction([values[id(r), m][0] for r in runs if values[id(r), m]]) for m in metrics}
     what = []
     if last_k is not None:
         what.append(f"last {last_k} evals")
@@ -287,7 +298,9 @@ def report(
     if fa_rule is not None:
         what.append(f"FA rule ({fa_rule[0]:g}, {int(fa_rule[1]):d}, {int(fa_rule[2]):d})")
     tag = f", {', '.join(what)}" if what else ""
-    header = ["setting", "seeds"] + [f"{m} (mean ± std{tag})" for m in metrics]
+    header = ["setting", "seeds"] + [
+        f"{m} (mean ± std{tag}{'' if pct[m] else ', as logged'})" for m in metrics
+    ]
     if cut and metrics:
         header.append("round at cut (mean)")
     header += [f"paper {m}" for m in paper_metrics]
@@ -303,7 +316,7 @@ def report(
             if vals:
                 mu, sd = mean_std(vals)
                 n = "" if len(vals) == len(rs) else f" (n={len(vals)})"
-                cells.append(f"{100 * mu:.2f} ± {100 * sd:.2f}{n}")
+                cells.append(f"{fmt_mean_std(mu, sd, pct[m])}{n}")
                 csv_row.update({f"{m}_mean": mu, f"{m}_std": sd, f"{m}_n": len(vals)})
             else:
                 cells.append("–")
@@ -313,7 +326,7 @@ def report(
                 csv_row["round_at_cut"] = float(np.mean(cut_rounds))
         for m in paper_metrics:
             pv = _paper_value(rs[0]["config"].get("paper"), rs[0]["config"], m)
-            cells.append("–" if pv is None else f"{100 * pv:.2f}")
+            cells.append("–" if pv is None else f"{100 * pv:.2f}" if pct[m] else f"{pv:.6g}")
             csv_row[f"paper_{m}"] = pv
         rows.append(cells)
         csv_rows.append(csv_row)
@@ -369,7 +382,7 @@ def _client_bin_table(
             mean = np.nanmean(np.stack(per_seed), axis=0)
         n = np.mean(np.stack(sizes[label]), axis=0)
         cells = [
-            "–" if np.isnan(m) else f"{100 * m:.1f} ({c:g})" for m, c in zip(mean, n, strict=True)
+            "–" if np.isnan(m) else f"{100 * m:.1f} ({c:.3g})" for m, c in zip(mean, n, strict=True)
         ]
         md.append(f"| {label} | {len(per_seed)} | " + " | ".join(cells) + " |")
     text = "\n".join(md)
