@@ -152,6 +152,9 @@ class Checkpointer:
                 )
             return step, state
         if errors:
+            # Close first: an open manager's background threads can print a traceback while
+            # the interpreter shuts down after the error line.
+            self.close()
             newest = max(errors)
             raise CheckpointError(
                 f"resume=true: no intact checkpoint in {self.directory}: rounds "
