@@ -51,19 +51,20 @@ def paired_table(
     groups = grouped_runs(root)
     ref_label = reference_setting(list(groups), tokens)
 
-    def value(r: dict) -> float | None:
-        got = run_value(r, metric, budget_time, budget_rounds, last_k)
-        return None if got is None else got[0]
-
-    ref = {r["seed"]: value(r) for r in groups[ref_label]}
-    pct = is_fraction([v for r in sum(groups.values(), []) if (v := value(r)) is not None])
+    value = {}  # each run read once: id(run) -> its value at the cut, or None
+    for runs in groups.values():
+        for r in runs:
+            got = run_value(r, metric, budget_time, budget_rounds, last_k)
+            value[id(r)] = None if got is None else got[0]
+    ref = {r["seed"]: value[id(r)] for r in groups[ref_label]}
+    pct = is_fraction([v for v in value.values() if v is not None])
     unit = "points" if pct else "as logged"
     header = ["setting", "paired seeds", metric, "reference", f"difference ({unit})", "above in"]
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for label, runs in groups.items():
         if label == ref_label:
             continue
-        pairs = [(value(r), ref.get(r["seed"])) for r in runs]
+        pairs = [(value[id(r)], ref.get(r["seed"])) for r in runs]
         pairs = [(v, w) for v, w in pairs if v is not None and w is not None]
         if not pairs:
             md.append(f"| {label} | 0 | – | – | – | – |")
