@@ -22,6 +22,11 @@ out=${OUT:-$(pwd)/benchmarks/results}
 per=${PER:-200}
 stages=${STAGES:-rows scan replicas}
 workloads=${WORKLOADS:-W0 W4 W1 W2 W3}
+for stage in $stages; do
+  case $stage in rows|scan|replicas) ;;
+    *) echo "gpu_rows.sh: STAGES has '$stage'; allowed: rows, scan, replicas" >&2; exit 2 ;;
+  esac
+done
 mkdir -p "$out"
 cd "$(dirname "$0")"
 # Allocate on demand: torch shares the GPU in the same process, and the recorded peak is then
@@ -48,7 +53,6 @@ for stage in $stages; do
           --replica-chunks 1,all --repeats 5 --out "$out/throughput_gpu.jsonl" \
           || echo "# $w replicas: did not finish in ${per}s (exit $?)"
       done ;;
-    *) echo "gpu_rows.sh: STAGES has '$stage'; allowed: rows scan replicas" >&2; exit 2 ;;
   esac
 done
 cat "$out"/*.md 2>/dev/null
