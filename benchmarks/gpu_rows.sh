@@ -13,7 +13,9 @@
 #   STAGES="replicas rows" WORKLOADS="W4 W0" PER=150 OUT=... bash benchmarks/gpu_rows.sh
 #
 # PER: seconds per workload and stage (default 200). On an H200 the rows of W0-W3 took 40-80 s
-# each and W4 about 150 s (its chunk=1 and reference rounds compile for 20-30 s each).
+# each; W4 needs about 200 s: each of its mappings compiles its first round (20-40 s) and its
+# first helper-refresh round (15-25 s); on an H100, PER=150 ended it before the reference loop.
+# The replicas stage took 40-90 s a workload on the H100.
 #
 # Needs jax with CUDA, flax, optax, hydra-core, omegaconf, tensorboardX and (for the loop) torch,
 # and fedjax_semi importable (PYTHONPATH=src).
