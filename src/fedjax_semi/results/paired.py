@@ -51,20 +51,21 @@ def paired_table(
     groups = grouped_runs(root)
     ref_label = reference_setting(list(groups), tokens)
 
-    value = {}  # each run read once: id(run) -> its value at the cut, or None
-    for runs in groups.values():
-        for r in runs:
-            got = run_value(r, metric, budget_time, budget_rounds, last_k)
-            value[id(r)] = None if got is None else got[0]
-    ref = {r["seed"]: value[id(r)] for r in groups[ref_label]}
-    pct = is_fraction([v for v in value.values() if v is not None])
+    def at_cut(r: dict) -> float | None:
+        got = run_value(r, metric, budget_time, budget_rounds, last_k)
+        return None if got is None else got[0]
+
+    # Each run read once: setting -> [(seed, value at the cut or None)].
+    seeded = {label: [(r["seed"], at_cut(r)) for r in runs] for label, runs in groups.items()}
+    ref = dict(seeded[ref_label])
+    pct = is_fraction([v for pairs in seeded.values() for _, v in pairs if v is not None])
     unit = "points" if pct else "as logged"
     header = ["setting", "paired seeds", metric, "reference", f"difference ({unit})", "above in"]
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for label, runs in groups.items():
+    for label, values in seeded.items():
         if label == ref_label:
             continue
-        pairs = [(value[id(r)], ref.get(r["seed"])) for r in runs]
+        pairs = [(v, ref.get(seed)) for seed, v in values]
         pairs = [(v, w) for v, w in pairs if v is not None and w is not None]
         if not pairs:
             md.append(f"| {label} | 0 | – | – | – | – |")
