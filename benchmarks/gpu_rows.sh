@@ -15,7 +15,7 @@
 # PER: seconds per workload and stage (default 200). On an H200 the rows of W0-W3 took 40-80 s
 # each; W4 needs about 200 s: each of its mappings compiles its first round (20-40 s) and its
 # first helper-refresh round (15-25 s); on an H100, PER=150 ended it before the reference loop.
-# The replicas stage took 40-90 s a workload on the H100.
+# On the H100, STAGES="replicas rows" WORKLOADS="W4 W0" PER=150 ran 399 s in all (W4 cut at 150 s).
 #
 # Needs jax with CUDA, flax, optax, hydra-core, omegaconf, tensorboardX and (for the loop) torch,
 # and fedjax_semi importable (PYTHONPATH=src).
