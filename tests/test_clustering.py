@@ -305,3 +305,42 @@ def test_one_round_of_splits_per_edge():
     for j in range(k):
         assert len(set(edge[out == j])) == 1 and len(set(group[out == j])) == 1
     assert (np.asarray(alpha)[:2] < -0.9).all() and (np.asarray(alpha)[2:] == 1.0).all()
+
+
+def _ari_numpy(found: np.ndarray, truth: np.ndarray) -> float:
+    """Plain NumPy reference: Hubert & Arabie (1985) from the contingency table."""
+    from math import comb
+
+    table = np.zeros((found.max() + 1, truth.max() + 1), np.int64)
+    for f, t in zip(found, truth, strict=True):
+        table[f, t] += 1
+    index = sum(comb(int(v), 2) for v in table.ravel())
+    rows = sum(comb(int(v), 2) for v in table.sum(1))
+    cols = sum(comb(int(v), 2) for v in table.sum(0))
+    expected = rows * cols / comb(len(found), 2)
+    top = (rows + cols) / 2
+    return 1.0 if top == expected else (index - expected) / (top - expected)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_adjusted_rand_index_matches_numpy(seed):
+    rng = np.random.default_rng(seed)
+    c = 40
+    truth = rng.integers(0, 4, c)
+    found = np.where(rng.random(c) < 0.6, truth, rng.integers(0, 6, c))  # partly recovered
+    mask = rng.random(c) < 0.8
+    got = cl.adjusted_rand_index(found, truth, 6, 4, mask)
+    want = _ari_numpy(found[mask], truth[mask])
+    # Values lie in about [-0.5, 1] and can be near 0: atol fits float32 sums of ~800 pairs.
+    np.testing.assert_allclose(float(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_adjusted_rand_index_edge_cases():
+    truth = np.array([0, 0, 1, 1, 2, 2])
+    renamed = np.array([3, 3, 0, 0, 1, 1])  # the same partition under other names
+    ones = np.ones(6, bool)
+    assert float(cl.adjusted_rand_index(renamed, truth, 4, 3, ones)) == pytest.approx(1.0)
+    single = np.zeros(6, int)
+    assert float(cl.adjusted_rand_index(single, single, 1, 1, ones)) == 1.0
+    # One cluster found for three true groups: no agreement beyond chance.
+    assert float(cl.adjusted_rand_index(single, truth, 1, 3, ones)) == pytest.approx(0.0)

@@ -296,3 +296,34 @@ def apply_splits(
     c = assign.shape[0]
     move = jnp.asarray(granted, bool)[assign] & jnp.asarray(side, bool)[assign, jnp.arange(c)]
     return jnp.where(move, new_id[assign].astype(assign.dtype), assign)
+
+
+# --------------------------------------------------------------------- cluster recovery
+
+
+def _pairs(n: jax.Array) -> jax.Array:
+    return n * (n - 1.0) / 2.0
+
+
+def adjusted_rand_index(
+    found: jax.Array, truth: jax.Array, num_found: int, num_truth: int, mask: jax.Array
+) -> jax.Array:
+    """Hubert & Arabie's adjusted Rand index of two labelings -> f32 [].
+
+    found [C] int in [0, num_found) (e.g. each client's cluster slot), truth [C] int in
+    [0, num_truth) (the groups a partition built), mask [C] bool (the clients that count).
+    1 for identical partitions up to renaming, about 0 for independent ones. The index is
+    undefined when both labelings are a single cluster (or fewer than two clients count);
+    it is 1 then if they agree, as sklearn's `adjusted_rand_score` returns.
+    """
+    m = jnp.asarray(mask, jnp.float32)
+    a = jax.nn.one_hot(found, num_found, dtype=jnp.float32) * m[:, None]  # [C, Kf]
+    b = jax.nn.one_hot(truth, num_truth, dtype=jnp.float32) * m[:, None]  # [C, Kt]
+    table = jnp.matmul(a.T, b, precision=_HI)  # [Kf, Kt] contingency counts
+    n = jnp.sum(m)
+    index = jnp.sum(_pairs(table))
+    rows, cols = jnp.sum(_pairs(jnp.sum(table, 1))), jnp.sum(_pairs(jnp.sum(table, 0)))
+    expected = rows * cols / jnp.maximum(_pairs(n), 1.0)
+    top = 0.5 * (rows + cols)
+    denom = top - expected
+    return jnp.where(denom == 0, 1.0, (index - expected) / jnp.where(denom == 0, 1.0, denom))
