@@ -37,6 +37,7 @@ DEFAULTS = dict(
     val_fraction=0.0,
     min_client_size=10,
     seed=0,
+    holdout=0.0,
 )
 
 

@@ -41,6 +41,7 @@ def _one_line_warnings(category: type[Warning]) -> Iterator[None]:
 
 def _task(cfg) -> float | None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from fedjax_semi import experiment
     from fedjax_semi.data.registry import DatasetNotFoundError
@@ -48,30 +49,52 @@ def _task(cfg) -> float | None:
     from fedjax_semi.errors import ConfigError
     from fedjax_semi.results.rundir import CheckpointError, CheckpointWarning
     from fedjax_semi.store import as_config
+    from fedjax_semi.tuned import apply_tuned, finished_summary, given_keys, record_tuned
 
-    try:
+    hc = HydraConfig.get() if HydraConfig.initialized() else None
+    done = None
+    try:  # tuned values first: the checks below see the values the run will use
+        given = given_keys(hc.overrides.task) if hc is not None else set()
+        applied = apply_tuned(cfg, hc.runtime.choices if hc is not None else {}, given)
         c = as_config(cfg)
-        exp = experiment.build(c)
+        if not c.hardware.distributed:  # resume=true of a complete run: its stored result
+            done = finished_summary(c, c.out_dir or hc.runtime.output_dir)
+        exp = experiment.build(c) if done is None else None
     except (ConfigError, DatasetNotFoundError, ValueError) as e:
         _fail(str(e))
+    if applied and hc is not None and hc.output_subdir is not None:
+        _save_config(cfg, Path(hc.runtime.output_dir) / hc.output_subdir / "config.yaml")
     out_dir = c.out_dir or HydraConfig.get().runtime.output_dir
     if c.hardware.distributed:  # one run directory: process 0's (Hydra's is named by the clock)
         from fedjax_semi.engine.distributed import agree
 
         out_dir = agree(str(out_dir))
-    try:
-        with _one_line_warnings(CheckpointWarning):
-            summary = experiment.run(exp, out_dir)
-    except (ConfigError, CheckpointError) as e:  # resume=true on changed settings or damage
-        _fail(str(e))
-    except NaNError as e:
-        _fail(str(e), code=3)
+    if done is not None:
+        summary = done
+        print(f"{c.algorithm.name}: complete in {out_dir}; resume=true returns its result")
+    else:
+        try:
+            with _one_line_warnings(CheckpointWarning):
+                summary = experiment.run(exp, out_dir)
+        except (ConfigError, CheckpointError) as e:  # resume=true on changed settings or damage
+            _fail(str(e))
+        except NaNError as e:
+            if hc is not None and hc.mode == RunMode.MULTIRUN:  # the sweep goes on
+                print(f"fedjax-semi: error: {e}", file=sys.stderr)
+                return float("nan")
+            _fail(str(e), code=3)
+        finally:
+            if applied:  # summary.json says which tuned values the run used
+                record_tuned(out_dir, applied)
+    if "non-finite" in str(summary.get("stop_reason")):  # a finished run that diverged
+        return float("nan")
     final = summary["final"]
     shown = {k: final[k] for k in ("accuracy", "global_acc", "personal_acc") if k in final}
     print(
         f"{c.algorithm.name}: {summary['rounds_completed']} rounds, "
         + ", ".join(f"{k}={v:.4f}" for k, v in shown.items() if v is not None)
         + (f" (mean of seeds {summary['seeds']})" if "seeds" in summary else "")
+        + (f" (tuned: {applied})" if applied else "")
         + f" ({summary['stop_reason']}); outputs in {out_dir}"
     )
     value = (
@@ -81,6 +104,14 @@ def _task(cfg) -> float | None:
         print(f"fedjax-semi: warning: objective={c.objective!r} was not measured in this run")
         return float("nan")
     return float(value)
+
+
+def _save_config(cfg, path: Path) -> None:
+    """Rewrites Hydra's saved .hydra/config.yaml with the values the run uses (tuned ones)."""
+    from omegaconf import OmegaConf
+
+    if path.exists():
+        OmegaConf.save(cfg, path)
 
 
 def main() -> None:

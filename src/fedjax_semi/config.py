@@ -161,6 +161,11 @@ class PartitionConfig:
     server_unlabeled_extra: bool = False  # the pool also draws on SVHN extra / STL-10 unlabeled
     server_unlabeled_fraction: float = 1.0  # share of the pool kept (Fig. 13), nested subsets
     file: str | None = None  # load a saved partition (.npz) instead of drawing one
+    # Validation split for tuning (fedjax-semi-tune): > 0 holds this share of every client's
+    # training rows out, by class, and evaluates on them IN PLACE of the test split (the
+    # client's `test` role, the server's `test_global`), which then is not in the partition at
+    # all. Schemes iid, dirichlet, shards, subset, normal; see data/partitions/holdout.py.
+    holdout: float = 0.0
 
 
 @dataclass
@@ -316,6 +321,10 @@ class Config:
     objective: str = "accuracy"
     # Experiment presets may carry the paper's numbers for fedjax-semi-report.
     paper: Any = None
+    # Values fedjax-semi-tune chose, [{where: {key: value}, set: {key: value}}, ...] (a preset
+    # loads them from conf/tuned/<preset>.yaml); the app applies the matching entries' `set`
+    # unless the command line gives the key (fedjax_semi/tuned.py).
+    tuned: Any = None
 
 
 # Final metrics a run can return as its objective: the last evaluation's accuracies and loss,
@@ -360,6 +369,7 @@ def parse_chunk(key: str, value: Any, auto: bool = False) -> int | str:
 def check_partition(p: PartitionConfig) -> None:
     """The `partition.*` checks of `validate` (those that need no dataset)."""
     from fedjax_semi.data.partitions import PAPER_DEFAULTS, SCHEMES, check_knobs
+    from fedjax_semi.data.partitions.holdout import check_holdout
 
     if p.scheme not in SCHEMES:
         raise bad("partition.scheme", p.scheme, f"one of {list(SCHEMES)}")
@@ -377,6 +387,7 @@ def check_partition(p: PartitionConfig) -> None:
         raise bad("partition.val_fraction", p.val_fraction, "a number in [0, 1)")
     try:
         check_knobs(p.scheme, {k: getattr(p, k) for k in PAPER_DEFAULTS})
+        check_holdout(p.scheme, p.holdout, p.split, p.val_fraction)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

@@ -83,7 +83,7 @@ def num_devices(devices: int | str) -> int:
 def make_partition(cfg: Config, ds: ArrayDataset) -> Partition:
     p = cfg.partition
     if p.file:
-        return load_partition_file(p.file, ds, cfg.num_clients)
+        return load_partition_file(p.file, ds, cfg.num_clients, p.holdout)
     knobs = {k: v for k, v in dataclasses.asdict(p).items() if k != "file"}
     return build_partition(ds, num_clients=cfg.num_clients, seed=data_seed(cfg), **knobs)
 
@@ -93,9 +93,12 @@ REQUIRED_ROLES = ("labeled", "test")
 REQUIRED_SERVER_SETS = ("test_global",)
 
 
-def load_partition_file(path: str, ds: ArrayDataset, num_clients: int) -> Partition:
-    """partition.file, checked against the dataset and num_clients before any work starts: a
-    file that does not fit fails here with one line, not with an index error mid-training."""
+def load_partition_file(
+    path: str, ds: ArrayDataset, num_clients: int, holdout: float = 0.0
+) -> Partition:
+    """partition.file, checked against the dataset, num_clients and partition.holdout before
+    any work starts: a file that does not fit fails here with one line, not with an index
+    error mid-training (or, for holdout, an evaluation on the wrong split)."""
     try:
         part = Partition.load(path)
     except PartitionFileError as e:
@@ -106,6 +109,14 @@ def load_partition_file(path: str, ds: ArrayDataset, num_clients: int) -> Partit
             "partition.file",
             path,
             f"it holds {part.num_clients} clients, num_clients={num_clients}",
+        )
+    held = float(part.meta.get("holdout", 0.0))  # files written before holdout: none
+    if held != holdout:
+        raise bad(
+            "partition.file",
+            path,
+            f"it was drawn with holdout={held}, partition.holdout={holdout} (its test role is "
+            "the validation split iff holdout > 0)",
         )
     missing = [r for r in REQUIRED_ROLES if r not in part.clients]
     missing += [f"server/{s}" for s in REQUIRED_SERVER_SETS if s not in part.server]
@@ -385,6 +396,7 @@ RESULT_NEUTRAL_KEYS = frozenset(
         "save_partition",
         "objective",  # what the run reports to a sweeper
         "paper",  # reference numbers for the report
+        "tuned",  # the tuner's entries: the values they set are compared under their own keys
         # Evaluations read the state and never change it; eval_every only changes which rows
         # carry accuracies (and so the evaluations a stop rule counts).
         "eval_every",

@@ -8,8 +8,15 @@ from typing import Any
 import numpy as np
 
 from fedjax_semi.data.dataset import ArrayDataset
-from fedjax_semi.data.partitions.common import SchemeInput, _check, _is_int, _is_num
+from fedjax_semi.data.partitions.common import (
+    _STAGE_HOLDOUT,
+    SchemeInput,
+    _check,
+    _is_int,
+    _is_num,
+)
 from fedjax_semi.data.partitions.container import Partition
+from fedjax_semi.data.partitions.holdout import apply_holdout, check_holdout
 from fedjax_semi.data.partitions.knobs import (
     GENERIC_SCHEMES,
     LABELED_MODES,
@@ -37,6 +44,7 @@ def build_partition(
     val_fraction: float,
     min_client_size: int,
     seed: int,
+    holdout: float = 0.0,
     **knobs: Any,
 ) -> Partition:
     """Builds the client/server partition of ``ds``.
@@ -63,6 +71,10 @@ def build_partition(
     ``"ada"`` (Ada-FedSemi); the docstrings of :mod:`.dofed`, :mod:`.cofed`, :mod:`.cfsl`
     and :mod:`.ada` say what each builds. Their knobs are added to ``meta``.
 
+    ``holdout`` > 0 (iid, dirichlet, shards, subset, normal): a stratified share of every
+    client's training rows becomes its ``"test"`` role and their union ``"test_global"``,
+    IN PLACE of the test split (:mod:`.holdout`); ``meta["holdout"]`` records it.
+
     Each stage draws from ``np.random.default_rng([seed, stage])`` so changing one stage's
     setting does not reshuffle the others.
 
@@ -73,6 +85,7 @@ def build_partition(
         ds, num_clients, scheme, alpha, classes_per_client, labeled_fraction, labeled_mode,
         label_ratio_alpha, split, val_fraction, min_client_size, seed, knobs,
     )  # fmt: skip
+    check_holdout(scheme, holdout, split, val_fraction)
 
     def stage(key: int) -> np.random.Generator:
         return np.random.default_rng([seed, key])
@@ -92,6 +105,7 @@ def build_partition(
         "val_fraction": float(val_fraction),
         "min_client_size": int(min_client_size),
         "seed": int(seed),
+        "holdout": float(holdout),
         "n_train": int(len(ds.y_train)),
         "n_test": int(len(ds.y_test)),
         "index_layout": "concat(train, test)",
@@ -104,6 +118,10 @@ def build_partition(
     )  # fmt: skip
     clients, server, mu, assignments, extra = BUILDERS[scheme](inp)
     meta.update(extra)
+    if holdout > 0:
+        clients, server, mu, meta["holdout_rows"] = apply_holdout(
+            clients, server, labels_all, scheme, holdout, stage(_STAGE_HOLDOUT)
+        )
     return Partition(clients=clients, server=server, mu=mu, meta=meta, assignments=assignments)
 
 

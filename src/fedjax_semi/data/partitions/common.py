@@ -15,7 +15,7 @@ from fedjax_semi.data.dataset import ArrayDataset
 # Distinct seed-sequence keys per stage: changing one stage's knob leaves the others'
 # random streams untouched.
 _STAGE_SPLIT, _STAGE_PARTITION, _STAGE_LABELED, _STAGE_TEST, _STAGE_VAL = range(5)
-_STAGE_GROUPS, _STAGE_TARGET, _STAGE_PUBLIC, _STAGE_TRANSFORM = range(5, 9)
+_STAGE_GROUPS, _STAGE_TARGET, _STAGE_PUBLIC, _STAGE_TRANSFORM, _STAGE_HOLDOUT = range(5, 10)
 
 
 def _sorted_i64(a: np.ndarray) -> np.ndarray:

@@ -1,0 +1,245 @@
+"""fedjax-semi-tune's second half: read the trials, choose per row, write what was chosen.
+
+Selection: per row, the grid point with the best mean over the tuning seeds of the metric (its
+final value, or the mean of its last K evaluations); a point with a missing or diverged seed is
+not a candidate; equal means go to the smaller lr, then to the earlier point of the grid.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import yaml
+
+if TYPE_CHECKING:
+    from fedjax_semi.results.tune import Plan
+
+__all__ = ["Choice", "PointResult", "collect", "select", "write_outputs"]
+
+LR = "algorithm.lr"
+
+
+@dataclass
+class PointResult:
+    """One grid point of one row: the metric per tuning seed (None: not run or not finished;
+    NaN: the run diverged) and the trial directories."""
+
+    point: dict[str, str]
+    values: list[float | None]
+    dirs: list[str | None]
+
+    @property
+    def complete(self) -> bool:
+        return all(v is not None and math.isfinite(v) for v in self.values)
+
+    @property
+    def mean(self) -> float | None:
+        return float(np.mean(self.values)) if self.complete else None
+
+
+@dataclass
+class Choice:
+    row: dict[str, str]
+    point: dict[str, str] | None  # None: no point of the row finished without diverging
+    mean: float | None
+
+
+def _last_k(run_dir: Path, metric: str, k: int) -> float | None:
+    """The mean of the metric over the run's last k evaluations (metrics.jsonl; a resumed
+    run's later row of a round wins)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return None
+    rows = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows[row["round"]] = row
+    values = [rows[r][metric] for r in sorted(rows) if rows[r].get(metric) is not None]
+    return float(np.mean(values[-k:])) if values else None
+
+
+def _value(run_dir: Path, rounds: int, metric: str, last_k: int | None) -> float | None:
+    from fedjax_semi.tuned import _complete
+
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    if not _complete(summary, rounds, same_stop=True):
+        return None
+    if "non-finite" in str(summary.get("stop_reason")):
+        return math.nan
+    if last_k is not None:
+        value = _last_k(run_dir, metric, last_k)
+    elif metric == "best_accuracy":
+        value = summary.get("best_accuracy")
+    else:
+        value = summary.get("final", {}).get(metric)
+    if value is None:
+        logged = sorted(k for k, v in summary.get("final", {}).items() if isinstance(v, float))
+        raise ValueError(
+            f"--metric={metric!r} is not allowed: trial {run_dir} did not log it (its final "
+            f"evaluation has {logged})"
+        )
+    return float(value)
+
+
+def collect(
+    plan: Plan, found: dict[frozenset, Path], metric: str, last_k: int | None
+) -> list[list[PointResult]]:
+    """Per row, per grid point: the metric of each tuning seed's trial."""
+    from fedjax_semi.results.tune import trial_id
+
+    const = plan.constant_keys()
+    out = []
+    for r, row in enumerate(plan.rows):
+        points = []
+        for p in plan.points(r):
+            dirs = [found.get(trial_id({**row, **p, "seed": str(s)}, const)) for s in plan.seeds]
+            values = [
+                None if d is None else _value(d, plan.rounds[r], metric, last_k) for d in dirs
+            ]
+            points.append(PointResult(p, values, [None if d is None else str(d) for d in dirs]))
+        out.append(points)
+    return out
+
+
+def select(plan: Plan, results: list[list[PointResult]], minimize: bool = False) -> list[Choice]:
+    """Per row the best complete point (module docstring)."""
+    choices = []
+    for row, points in zip(plan.rows, results, strict=True):
+        cands = [(i, p) for i, p in enumerate(points) if p.complete]
+        if not cands:
+            choices.append(Choice(row, None, None))
+            continue
+        sign = 1.0 if minimize else -1.0
+        i, best = min(
+            cands, key=lambda c: (sign * round(c[1].mean, 12), float(c[1].point[LR]), c[0])
+        )
+        choices.append(Choice(row, best.point, best.mean))
+    return choices
+
+
+def _cell(p: PointResult, chosen: bool) -> str:
+    if any(v is None for v in p.values):
+        done = sum(v is not None for v in p.values)
+        return f"– ({done}/{len(p.values)} seeds)"
+    if not p.complete:
+        return "diverged"
+    vals = np.asarray(p.values)
+    text = f"{vals.mean():.4f}" + (f" ± {vals.std(ddof=1):.4f}" if len(vals) > 1 else "")
+    return f"**[{text}]**" if chosen else text
+
+
+def table(plan: Plan, results: list[list[PointResult]], choices: list[Choice]) -> str:
+    """Markdown: a line per row (and knob setting), a column per grid point; [chosen]."""
+    keys = list(plan.grid)
+    short = lambda k: k.split(".")[-1]  # noqa: E731
+    heads = None
+    lines = []
+    for r, (points, choice) in enumerate(zip(results, choices, strict=True)):
+        for s in plan.settings[r]:
+            mine = [p for p in points if all(p.point.get(k) == v for k, v in s.items())]
+            if heads is None:
+                heads = [" ".join(f"{short(k)}={p.point[k]}" for k in keys) for p in mine]
+                lines += ["| row | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+            label = _row_label(plan.rows[r]) + "".join(f" {short(k)}={v}" for k, v in s.items())
+            cells = [_cell(p, choice.point == p.point) for p in mine]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _row_label(row: dict[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in row.items())
+
+
+def _typed(values: dict[str, str]) -> dict[str, Any]:
+    return {k: yaml.safe_load(v) for k, v in values.items()}
+
+
+def tuned_yaml(plan: Plan, choices: list[Choice], old: list[dict], header: list[str]) -> str:
+    """conf/tuned/<preset>.yaml: the chosen values of every row with a choice; entries of
+    earlier tunings for other rows are kept."""
+    new = [{"where": _typed(c.row), "set": _typed(c.point)} for c in choices if c.point]
+    wheres = [e["where"] for e in new]
+    kept = [e for e in old if e.get("where") not in wheres]
+    body = yaml.safe_dump({"tuned": kept + new}, sort_keys=False, default_flow_style=None)
+    notes = [f"{len(kept)} entries of earlier tunings kept (rows not tuned here)."] if kept else []
+    return "\n".join(["# @package _global_", *(f"# {h}" for h in header + notes), body])
+
+
+def write_outputs(
+    plan: Plan,
+    results: list[list[PointResult]],
+    choices: list[Choice],
+    conf_out: Path,
+    metric: str,
+    last_k: int | None,
+    command: str,
+) -> int:
+    """Prints the table, writes tuned.md and tuned.json in the sweep dir and, when every trial
+    finished, conf_out/<preset>.yaml. Returns the exit code (1: trials missing)."""
+    missing = [
+        d or f"row {_row_label(plan.rows[r])} point {p.point} seed {plan.seeds[i]}"
+        for r, points in enumerate(results)
+        for p in points
+        for i, (v, d) in enumerate(zip(p.values, p.dirs, strict=True))
+        if v is None
+    ]
+    cut = f"mean of the last {last_k} evaluations" if last_k else "final value"
+    date = datetime.date.today().isoformat()
+    header = [
+        f"Chosen by fedjax-semi-tune on {date}: per row the best mean over seeds {plan.seeds} of "
+        f"{metric} ({cut}) on the validation split partition.holdout={plan.holdout} (held out "
+        "of the clients' training rows; the test split is never read), ties to the smaller lr.",
+        "Grid (every row the same): "
+        + "; ".join(f"{k} in [{', '.join(v)}]" for k, v in plan.grid.items())
+        + (
+            "; each method's SENSITIVE_KNOBS (--knobs)"
+            if any(s != [{}] for s in plan.settings)
+            else ""
+        ),
+        f"Command: {command}",
+        f"Trials and table: {plan.sweep_dir}/tuned.md",
+    ]
+    md = table(plan, results, choices)
+    print(md)
+    for c in choices:
+        if c.point is None:
+            print(f"fedjax-semi-tune: warning: row {_row_label(c.row)}: no grid point finished "
+                  "on every seed without diverging; nothing chosen")  # fmt: skip
+    doc = ["# Tuning of " + plan.preset, "", *header, "", "[value] = chosen.", "", md]
+    if missing:
+        doc += ["", f"{len(missing)} trials not finished:", *(f"- {m}" for m in missing)]
+    (plan.sweep_dir / "tuned.md").write_text("\n".join(doc) + "\n")
+    record = {
+        "preset": plan.preset, "date": date, "holdout": plan.holdout, "seeds": plan.seeds,
+        "grid": plan.grid, "metric": metric, "last_k": last_k, "command": command,
+        "rows": [
+            {"row": c.row, "chosen": c.point, "mean": c.mean,
+             "points": [vars(p) for p in points]}
+            for c, points in zip(choices, results, strict=True)
+        ],
+        "missing": missing,
+    }  # fmt: skip
+    (plan.sweep_dir / "tuned.json").write_text(json.dumps(record, indent=1))
+    if missing:
+        print(f"fedjax-semi-tune: {len(missing)} trials did not finish (listed in "
+              f"{plan.sweep_dir}/tuned.md); rerun the same command to run them; "
+              f"{conf_out}/{plan.preset}.yaml not written")  # fmt: skip
+        return 1
+    path = conf_out / f"{plan.preset}.yaml"
+    old = []
+    if path.exists():
+        old = (yaml.safe_load(path.read_text()) or {}).get("tuned") or []
+    conf_out.mkdir(parents=True, exist_ok=True)
+    path.write_text(tuned_yaml(plan, choices, old, header))
+    print(f"wrote {plan.sweep_dir}/tuned.md, tuned.json and {path}")
+    return 0

@@ -1,0 +1,314 @@
+"""fedjax-semi-tune and what the app does for it: tuned values applied, finished runs skipped.
+
+The tuner's choice, its files and its refusals run on trial directories written here (a sweep
+whose every trial is complete launches nothing), so they take seconds; one slow test runs the
+real Hydra multirun end to end, and its resume."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+
+from conftest import SMALL
+from fedjax_semi.data.partitions import Partition
+from fedjax_semi.errors import ConfigError
+from fedjax_semi.results.tune import SENSITIVE_KNOBS, main
+
+PRESET = """# @package _global_
+defaults:
+  - optional /tuned: tiny_table
+rounds: 2
+hydra:
+  sweeper:
+    params:
+      algorithm: {rows}
+      seed: 0,1
+"""
+# SMALL without the keys the tuner sets (lr: the grid) or the preset sets (rounds).
+EXTRAS = [o for o in SMALL if o.split("=")[0] not in ("algorithm.lr", "rounds")]
+
+
+@pytest.fixture
+def conf(tmp_path):
+    """A test-only table preset on Hydra's search path (tmp/conf/experiment/tiny_table.yaml);
+    returns (conf dir, the overrides that select it)."""
+    d = tmp_path / "conf"
+    (d / "experiment").mkdir(parents=True)
+    (d / "experiment" / "tiny_table.yaml").write_text(PRESET.format(rows="fedavg,local"))
+    return d, [f"hydra.searchpath=[file://{d}]", "+experiment=tiny_table", *EXTRAS]
+
+
+def tune(conf, tmp_path, *flags: str) -> int:
+    """fedjax-semi-tune's exit code (0 when it returns: a dry run)."""
+    d, overrides = conf
+    argv = [*overrides, "--dir", str(tmp_path / "sweep"), "--conf-out", str(d / "tuned"), *flags]
+    try:
+        main(argv)
+    except SystemExit as e:
+        return e.code or 0
+    return 0
+
+
+def fake_trial(sweep, name: str, overrides: list[str], value: float | None, **summary):
+    """A finished trial directory as the app leaves it (what the tuner reads)."""
+    d = sweep / name
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    s = {"rounds_completed": 2, "stop_reason": "rounds completed", "final": {"accuracy": value}}
+    (d / "summary.json").write_text(json.dumps({**s, **summary}))
+    return d
+
+
+VALUES = {  # (algorithm, lr) -> final accuracy of seed 0
+    ("fedavg", "0.03"): 0.5,
+    ("fedavg", "0.3"): 0.7,
+    ("local", "0.03"): 0.6,
+    ("local", "0.3"): 0.6,  # a tie: the smaller lr wins
+}
+
+
+def fake_sweep(tmp_path, changes: dict | None = None) -> None:
+    """The four trials of VALUES; `changes` replaces summary fields of some."""
+    for (alg, lr), v in VALUES.items():
+        ov = [f"algorithm={alg}", "seed=0", "partition.holdout=0.2", f"algorithm.lr={lr}"]
+        fake_trial(tmp_path / "sweep", f"{alg}-{lr}", ov, v, **(changes or {}).get((alg, lr), {}))
+
+
+def test_chooses_the_best_point_per_row_and_writes_the_tuned_file(conf, tmp_path, capsys):
+    fake_sweep(tmp_path)
+    assert tune(conf, tmp_path, "--grid", "algorithm.lr=0.03,0.3") == 0
+    out = capsys.readouterr().out
+    assert "0 to run" in out  # every trial is complete: nothing launched
+    assert "| algorithm=fedavg | 0.5000 | **[0.7000]** |" in out
+    assert "| algorithm=local | **[0.6000]** | 0.6000 |" in out
+    written = yaml.safe_load((conf[0] / "tuned" / "tiny_table.yaml").read_text())
+    assert written["tuned"] == [
+        {"where": {"algorithm": "fedavg"}, "set": {"algorithm.lr": 0.3}},
+        {"where": {"algorithm": "local"}, "set": {"algorithm.lr": 0.03}},
+    ]
+    record = json.loads((tmp_path / "sweep" / "tuned.json").read_text())
+    assert [r["chosen"] for r in record["rows"]] == [
+        {"algorithm.lr": "0.3"},
+        {"algorithm.lr": "0.03"},
+    ]
+    assert "holdout=0.2" in (tmp_path / "sweep" / "tuned.md").read_text()
+
+
+def test_a_diverged_point_is_never_chosen_and_last_k_reads_the_curve(conf, tmp_path, capsys):
+    fake_sweep(tmp_path, {("fedavg", "0.3"): {"stop_reason": "non-finite loss in round 2"}})
+    for alg, lr, curve in [("local", "0.03", [0.9, 0.2]), ("local", "0.3", [0.5, 0.5])]:
+        rows = [{"round": r + 1, "accuracy": a} for r, a in enumerate(curve)]
+        lines = "\n".join(json.dumps(r) for r in rows)
+        (tmp_path / "sweep" / f"{alg}-{lr}" / "metrics.jsonl").write_text(lines)
+    tune(conf, tmp_path, "--grid", "algorithm.lr=0.03,0.3", "--rows", "algorithm=local",
+         "--last-k", "2")  # fmt: skip
+    assert "| algorithm=local | **[0.5500]** | 0.5000 |" in capsys.readouterr().out
+    assert (
+        tune(conf, tmp_path, "--grid", "algorithm.lr=0.03,0.3", "--rows", "algorithm=fedavg") == 0
+    )
+    assert "| algorithm=fedavg | **[0.5000]** | diverged |" in capsys.readouterr().out
+    # Both runs wrote their rows into one file: the second kept the first's entry.
+    written = yaml.safe_load((conf[0] / "tuned" / "tiny_table.yaml").read_text())["tuned"]
+    assert {e["where"]["algorithm"]: e["set"]["algorithm.lr"] for e in written} == {
+        "local": 0.03,
+        "fedavg": 0.03,
+    }
+
+
+def test_a_missing_trial_is_the_only_one_to_run(conf, tmp_path, capsys):
+    fake_sweep(tmp_path)
+    (tmp_path / "sweep" / "local-0.3" / "summary.json").unlink()
+    interrupted = {"stop_reason": "interrupted after round 1", "rounds_completed": 1}
+    (tmp_path / "sweep" / "fedavg-0.3" / "summary.json").write_text(json.dumps(interrupted))
+    tune(conf, tmp_path, "--grid", "algorithm.lr=0.03,0.3", "--dry-run")
+    out = capsys.readouterr().out
+    assert "4 trials on partition.holdout=0.2; 2 to run" in out
+    assert "resume=true" in out and "hydra.sweep.subdir=${hydra.job.override_dirname}" in out
+
+
+def test_bad_flags_are_one_line_before_any_work(conf, tmp_path, capsys):
+    cases = [
+        (["--holdout", "0.7"], "--holdout='0.7' is not allowed: a share in (0, 0.5]"),
+        (["--holdout", "0"], "(0 would tune on the test split)"),
+        (["--seeds", "0,x"], "--seeds='0,x' is not allowed: distinct integers >= 0"),
+        (["--grid", "algorithm.lr=0,0.1"], "learning rates that are numbers > 0"),
+        (["--grid", "algorithm.lr="], "--grid='algorithm.lr=' is not allowed: KEY=V1,V2"),
+        (["--grid", "algorithm.nope=1,2"], "--grid='algorithm.nope' is not allowed: a config key"),
+        (["--rows", "partition.alpha=1"], "a row key of tiny_table: ['algorithm']"),
+        (["--rows", "algorithm=fixavg"], "values among ['fedavg', 'local']"),
+        (["--launcher", "ray"], "--launcher='ray' is not allowed"),
+        (["--last-k", "0"], "--last-k='0' is not allowed"),
+        (["algorithm.lr=0.1"], "algorithm.lr is set by the tuner"),
+    ]
+    for flags, needle in cases:
+        assert tune(conf, tmp_path, *flags) == 2, flags
+        err = capsys.readouterr().err
+        assert needle in err and len(err.strip().splitlines()) == 1, (flags, err)
+    d, overrides = conf
+    with pytest.raises(SystemExit):
+        main(["+experiment=no_such_preset", "--dir", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert "+experiment='no_such_preset' is not allowed: a preset of [" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "sweep").exists()  # no work started
+
+
+def test_knobs_need_rows_with_equal_knob_grids(conf, tmp_path, capsys):
+    d, _ = conf
+    (d / "experiment" / "tiny_table.yaml").write_text(PRESET.format(rows="fedavg,fixavg"))
+    assert tune(conf, tmp_path, "--knobs", "--dry-run") == 2
+    err = capsys.readouterr().err
+    assert "--knobs=True is not allowed: rows whose knob grids have equal sizes" in err
+    assert "'algorithm=fedavg': 1, 'algorithm=fixavg': 2" in err
+    flags = ("--knobs", "--rows", "algorithm=fixavg", "--grid", "algorithm.lr=0.01,0.1")
+    assert tune(conf, tmp_path, *flags, "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "1 rows x 4 grid points x 1 seeds = 4 trials" in out
+    assert "algorithm.pl_threshold=0.8" in out and "algorithm.pl_threshold=0.95" in out
+
+
+def test_sensitive_knobs_are_valid_settings_of_their_methods():
+    """Every method's two settings name knobs of its own config with values it accepts."""
+    from fedjax_semi.algorithms import ALGORITHM_CONFIGS
+
+    for name, settings in SENSITIVE_KNOBS.items():
+        assert len(settings) == 2, name
+        for s in settings:
+            kwargs = {k.removeprefix("algorithm."): v for k, v in s.items()}
+            ALGORITHM_CONFIGS[name](**kwargs)  # runs the config's own checks
+        assert settings[0] != settings[1]
+
+
+# ----------------------------------------------------------------------------- the app's side
+
+
+def compose_tiny(conf, *overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from conftest import _register_configs_once
+    from fedjax_semi.cli import CONF_DIR
+
+    _register_configs_once()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=[*conf[1], *overrides], return_hydra_config=True)
+
+
+def write_tuned(conf, entries) -> None:
+    (conf[0] / "tuned").mkdir(exist_ok=True)
+    text = "# @package _global_\n" + yaml.safe_dump({"tuned": entries})
+    (conf[0] / "tuned" / "tiny_table.yaml").write_text(text)
+
+
+ENTRIES = [
+    {"where": {"algorithm": "fedavg"}, "set": {"algorithm.lr": 0.3, "algorithm.momentum": 0.5}},
+    {"where": {"algorithm": "local", "partition.alpha": 0.5}, "set": {"algorithm.lr": 0.07}},
+]
+
+
+def apply(cfg):
+    from fedjax_semi.tuned import apply_tuned, given_keys
+
+    h = cfg.hydra
+    return apply_tuned(cfg, h.runtime.choices, given_keys(h.overrides.task))
+
+
+def test_the_app_applies_matching_tuned_values_unless_the_command_line_gives_them(conf):
+    write_tuned(conf, ENTRIES)
+    cfg = compose_tiny(conf, "algorithm=fedavg")
+    assert apply(cfg) == {"algorithm.lr": 0.3, "algorithm.momentum": 0.5}
+    assert (cfg.algorithm.lr, cfg.algorithm.momentum) == (0.3, 0.5)
+    cfg = compose_tiny(conf, "algorithm=fedavg", "algorithm.lr=0.01")  # the command line wins
+    assert apply(cfg) == {"algorithm.momentum": 0.5} and cfg.algorithm.lr == 0.01
+    cfg = compose_tiny(conf, "algorithm=local")  # dirichlet's alpha 0.5: by value
+    assert apply(cfg) == {"algorithm.lr": 0.07}
+    cfg = compose_tiny(conf, "algorithm=local", "partition.alpha=5")
+    assert apply(cfg) == {} and cfg.algorithm.lr == 0.05
+    cfg = compose_tiny(conf, "algorithm=fedavg", "tuned=[]")  # the way to run without them
+    assert apply(cfg) == {}
+
+
+def test_a_stale_or_malformed_tuned_file_is_one_line(conf):
+    for entries, needle in [
+        ([{"where": {"algorithm.nope": 1}, "set": {"algorithm.lr": 0.1}}], "algorithm.nope"),
+        ([{"where": {"algorithm": "fedavg"}, "set": {"algorithm.nope": 1}}], "'algorithm.nope'"),
+        ([{"where": {"algorithm": "fedavg"}}], "a list of {where"),
+        (ENTRIES + [{"where": {}, "set": {"algorithm.lr": 0.9}}], "tuned[0] also matches"),
+    ]:
+        write_tuned(conf, entries)
+        with pytest.raises(ConfigError) as e:
+            apply(compose_tiny(conf, "algorithm=fedavg"))
+        assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def run_task(cfg, tmp_path):
+    """The app's task as Hydra's launcher calls it: Hydra's config set, the task's without it."""
+    import copy
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict, read_write
+
+    from fedjax_semi.cli import _task
+
+    with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
+        cfg.hydra.runtime.output_dir = str(tmp_path)
+    HydraConfig.instance().set_config(cfg)
+    task = copy.deepcopy(cfg)
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    try:
+        return _task(task)
+    finally:
+        HydraConfig.instance().cfg = None
+
+
+def test_a_tuned_run_on_holdout_records_its_values_and_a_rerun_returns_its_result(conf, tmp_path):
+    """One digits run of the tiny preset with a tuned file and partition.holdout=0.2: it trains
+    and evaluates on the validation rows; the tuned lr is used and recorded; rerun with
+    resume=true, the finished run returns its stored objective without training (its files
+    untouched)."""
+    write_tuned(conf, ENTRIES[:1])
+    out = tmp_path / "run"
+    args = ("algorithm=fedavg", f"out_dir={out}", "resume=true", "save_partition=true")
+    value = run_task(compose_tiny(conf, *args, "partition.holdout=0.2"), tmp_path)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tuned"] == {"algorithm.lr": 0.3, "algorithm.momentum": 0.5}
+    assert json.loads((out / "run_config.json").read_text())["algorithm"]["lr"] == 0.3
+    assert value == summary["final"]["accuracy"] and summary["rounds_completed"] == 2
+    # It evaluated on the validation rows: held out of the training split, none of the test's.
+    p = Partition.load(out / "partition.npz")
+    assert p.meta["holdout"] == 0.2 and (p.server["test_global"] < p.meta["n_train"]).all()
+    counts = json.loads((out / "counts.json").read_text())
+    assert sum(counts["test"]) == len(p.server["test_global"]) > 0
+    stamps = {p.name: os.stat(p).st_mtime_ns for p in out.iterdir() if p.is_file()}
+    assert run_task(compose_tiny(conf, *args, "partition.holdout=0.2"), tmp_path) == value
+    assert {p.name: os.stat(p).st_mtime_ns for p in out.iterdir() if p.is_file()} == stamps
+    # Other settings that change results in the same directory: one line, as a plain resume.
+    with pytest.raises(SystemExit):
+        run_task(compose_tiny(conf, *args, "partition.holdout=0.3"), tmp_path)
+
+
+@pytest.mark.slow
+def test_real_tuning_end_to_end_and_its_resume(conf, tmp_path, capsys):
+    """The real multirun (2 rows x 2 lrs x 1 seed on digits): the choice is each row's argmax of
+    the trials' own summary.json; with one summary deleted, the rerun trains that trial only."""
+    sweep = tmp_path / "sweep"
+    assert tune(conf, tmp_path, "--grid", "algorithm.lr=0.03,0.3") == 0
+    trials = sorted(sweep.glob("*/summary.json"))
+    assert len(trials) == 4
+    acc = {p.parent.name: json.loads(p.read_text())["final"]["accuracy"] for p in trials}
+    written = yaml.safe_load((conf[0] / "tuned" / "tiny_table.yaml").read_text())["tuned"]
+    for e in written:
+        alg = e["where"]["algorithm"]
+        mine = {n: a for n, a in acc.items() if f"algorithm={alg}," in n}
+        best = max(mine, key=lambda n: (mine[n], -float(n.split(",")[0].split("=")[1])))
+        assert f"algorithm.lr={e['set']['algorithm.lr']}," in best
+    capsys.readouterr()
+    victim = trials[0]
+    victim.unlink()
+    stamps = {p: os.stat(p).st_mtime_ns for p in trials[1:]}
+    assert tune(conf, tmp_path, "--grid", "algorithm.lr=0.03,0.3") == 0
+    assert "4 trials on partition.holdout=0.2; 1 to run" in capsys.readouterr().out
+    assert victim.exists() and {p: os.stat(p).st_mtime_ns for p in trials[1:]} == stamps
