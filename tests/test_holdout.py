@@ -56,8 +56,16 @@ def check_holdout_partition(base: Partition, p: Partition, ds, h: float) -> None
     test_global = p.server["test_global"]
     assert not np.isin(test_global, trained).any()
     np.testing.assert_array_equal(test_global, np.sort(np.concatenate(p.clients["test"])))
-    # The real test split (the partition without holdout: its test_global) is not read.
-    assert not np.isin(test_global, base.server["test_global"]).any()
+    # The real test split (the partition without holdout: its test_global) is not read; it is
+    # listed as withheld, so a pool of "every row outside the server sets and test roles"
+    # (FedBE's train_split) takes none of its inputs either.
+    real = base.server["test_global"]
+    assert not np.isin(test_global, real).any()
+    np.testing.assert_array_equal(p.server["withheld_test"], real)
+    held = np.zeros(len(y), bool)
+    for idx in [*p.server.values(), *p.clients["test"]]:
+        held[idx] = True
+    assert not np.isin(real, np.flatnonzero(~held)).any()
     if p.meta["split"] == "official":
         assert (test_global < len(ds.y_train)).all()
     # mu: the labeled share of what is left for training.

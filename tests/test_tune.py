@@ -7,6 +7,7 @@ real Hydra multirun end to end, and its resume."""
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -151,7 +152,7 @@ def test_bad_flags_are_one_line_before_any_work(conf, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["+experiment=no_such_preset", "--dir", str(tmp_path / "x")])
     err = capsys.readouterr().err
-    assert "+experiment='no_such_preset' is not allowed: a preset of [" in err
+    assert "+experiment='no_such_preset' is not allowed: a preset of conf/experiment: [" in err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "sweep").exists()  # no work started
 
@@ -272,6 +273,7 @@ def test_a_tuned_run_on_holdout_records_its_values_and_a_rerun_returns_its_resul
     write_tuned(conf, ENTRIES[:1])
     out = tmp_path / "run"
     args = ("algorithm=fedavg", f"out_dir={out}", "resume=true", "save_partition=true")
+    args += ("hydra.mode=MULTIRUN",)  # a job of a sweep: the tuner's trials
     value = run_task(compose_tiny(conf, *args, "partition.holdout=0.2"), tmp_path)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tuned"] == {"algorithm.lr": 0.3, "algorithm.momentum": 0.5}
@@ -312,3 +314,25 @@ def test_real_tuning_end_to_end_and_its_resume(conf, tmp_path, capsys):
     assert tune(conf, tmp_path, "--grid", "algorithm.lr=0.03,0.3") == 0
     assert "4 trials on partition.holdout=0.2; 1 to run" in capsys.readouterr().out
     assert victim.exists() and {p: os.stat(p).st_mtime_ns for p in trials[1:]} == stamps
+
+
+def test_a_diverged_job_of_a_multirun_returns_nan_and_the_sweep_goes_on(
+    conf, tmp_path, monkeypatch, capsys
+):
+    """A job that ends in NaNError: in a multirun the task returns NaN (Hydra records the job
+    and launches the next; an exit would end the whole tuning at its first too-large lr); a
+    single run still exits with code 3."""
+    from fedjax_semi import experiment
+    from fedjax_semi.engine.loop import NaNError
+
+    def diverge(exp, out_dir):
+        raise NaNError("non-finite loss or model in round 2, client 3")
+
+    monkeypatch.setattr(experiment, "run", diverge)
+    args = ("algorithm=fedavg", f"out_dir={tmp_path / 'run'}")
+    value = run_task(compose_tiny(conf, *args, "hydra.mode=MULTIRUN"), tmp_path)
+    assert math.isnan(value)
+    assert "fedjax-semi: error: non-finite loss or model in round 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        run_task(compose_tiny(conf, *args), tmp_path)
+    assert e.value.code == 3

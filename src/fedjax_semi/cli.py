@@ -57,7 +57,9 @@ def _task(cfg) -> float | None:
         given = given_keys(hc.overrides.task) if hc is not None else set()
         applied = apply_tuned(cfg, hc.runtime.choices if hc is not None else {}, given)
         c = as_config(cfg)
-        if not c.hardware.distributed:  # resume=true of a complete run: its stored result
+        # A multirun job (a tuning trial) with resume=true whose run is complete: its stored
+        # result, without loading data; a single run resumes as ever (checkpoints checked).
+        if hc is not None and hc.mode == RunMode.MULTIRUN and not c.hardware.distributed:
             done = finished_summary(c, c.out_dir or hc.runtime.output_dir)
         exp = experiment.build(c) if done is None else None
     except (ConfigError, DatasetNotFoundError, ValueError) as e:

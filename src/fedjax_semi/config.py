@@ -163,8 +163,8 @@ class PartitionConfig:
     file: str | None = None  # load a saved partition (.npz) instead of drawing one
     # Validation split for tuning (fedjax-semi-tune): > 0 holds this share of every client's
     # training rows out, by class, and evaluates on them IN PLACE of the test split (the
-    # client's `test` role, the server's `test_global`), which then is not in the partition at
-    # all. Schemes iid, dirichlet, shards, subset, normal; see data/partitions/holdout.py.
+    # client's `test` role, the server's `test_global`); the test split is then only listed as
+    # withheld. Schemes iid, dirichlet, shards, subset, normal; data/partitions/holdout.py.
     holdout: float = 0.0
 
 

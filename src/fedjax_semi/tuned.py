@@ -3,8 +3,9 @@
 * ``apply_tuned``: a preset's ``tuned`` entries (``conf/tuned/<preset>.yaml``, loaded by the
   preset's ``- optional /tuned: <preset>`` default) set the values the tuner chose, for the runs
   their ``where`` matches, unless the command line gives the key.
-* ``finished_summary``: with ``resume=true``, a run directory whose run is complete for these
-  settings returns its stored summary, so a rerun sweep skips it without loading data.
+* ``finished_summary``: with ``resume=true``, a multirun job whose run directory holds a run
+  complete for these settings returns its stored summary (cli.py), so a rerun sweep skips it
+  without loading data.
 """
 
 from __future__ import annotations

@@ -244,9 +244,11 @@ def make_plan(flags: dict[str, Any], args: argparse.Namespace) -> Plan:
     try:
         cfg = _compose(base)
     except Exception as e:  # noqa: BLE001 (Hydra's many composition errors)
-        known = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise bad("+experiment", preset, f"a preset of {known} ({first})") from None
+        if f"Could not find 'experiment/{preset}'" not in first:
+            raise ConfigError(f"+experiment={preset} does not compose: {first}") from None
+        known = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+        raise bad("+experiment", preset, f"a preset of conf/experiment: {known}") from None
     params = dict(OmegaConf.to_container(cfg.hydra.sweeper.params) or {})
     params.pop("seed", None)
     if not params:

@@ -4,8 +4,11 @@ With ``holdout = h > 0`` a stratified share ``h`` of every client's training row
 from training and evaluated IN PLACE of the test split: client ``k``'s ``"test"`` role becomes
 its held-out rows and the server's ``"test_global"`` their union, so every method's evaluation
 reads validation data without any method changing, and the real test split is not in the
-partition at all. Held-out rows leave every training role, so their labels (labeled and
-unlabeled rows alike) reach evaluation only, as the test split's do.
+partition's evaluation sets at all. Held-out rows leave every training role, so their labels
+(labeled and unlabeled rows alike) reach evaluation only, as the test split's do. The test
+split's rows stay listed in the server set ``"withheld_test"``, which nothing reads: a method
+that draws unlabeled server data from "every row outside the server sets and test roles"
+(FedBE's ``fedbe_pool=train_split``) must not take test inputs during tuning either.
 
 The rule, per client and per training role holding ``n`` rows (:data:`HOLDOUT_ROLES`):
 ``m = min(floor(h n + 1/2), n - 1)`` rows are held out (round half up, never the role's last
@@ -113,8 +116,9 @@ def apply_holdout(
 
     Returns:
       ``(clients, server, mu, n_held)``: the new roles (``"test"`` = held-out rows), server sets
-      (``"test_global"`` = their union; the others kept), the labeled share ``mu`` of the
-      remaining training rows, and the number of rows held out.
+      (``"test_global"`` = their union, ``"withheld_test"`` = the scheme's test split; the others
+      kept), the labeled share ``mu`` of the remaining training rows, and the number of rows
+      held out.
     """
     held_roles, labeled_roles, train_roles = HOLDOUT_ROLES[scheme]
     num_clients = len(clients["test"])
@@ -133,7 +137,12 @@ def apply_holdout(
             held.append(idx[take])
         tests.append(_sorted_i64(np.concatenate(held)))
     out["test"] = tests
-    server = {**server, "test_global": _sorted_i64(np.concatenate(tests))}
+    test_split = np.concatenate([server["test_global"], *clients["test"]])
+    server = {
+        **server,
+        "test_global": _sorted_i64(np.concatenate(tests)),
+        "withheld_test": np.unique(test_split).astype(np.int64),
+    }
     seen = np.array([sum(len(out[r][k]) for r in labeled_roles) for k in range(num_clients)])
     total = np.array([sum(len(out[r][k]) for r in train_roles) for k in range(num_clients)])
     mu = np.divide(seen, total, out=np.zeros(num_clients), where=total > 0)
