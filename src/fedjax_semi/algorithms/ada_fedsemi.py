@@ -48,6 +48,7 @@ from fedjax_semi.algorithms.base import (
     client_accuracy,
     cohort_metrics,
     register,
+    sanity,
 )
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine import aggregate
@@ -69,6 +70,7 @@ from fedjax_semi.engine.train import (
     evaluate_row,
     local_train,
     make_optimizer,
+    table_stats,
 )
 from fedjax_semi.errors import bad
 from fedjax_semi.kernels import ada_schedule
@@ -441,6 +443,7 @@ class AdaFedSemi(Method):
         if fed.test_in_global:
             full = jnp.zeros(fed.x.shape[0], bool).at[test_ids].set(g["correct"])
             r = {"correct": jnp.sum(full[test.idx] & test.mask, axis=1), "count": test.count}
+            r.update(table_stats(g["each"], test_ids, test, fed.eval_y, fed.num_classes))
         else:
             one = lambda inp, v, x, y: evaluate_row(self.model, v, x, y, inp["table"])
             r = mapper(one, {"table": test}, state.global_vars, fed.x, fed.eval_y)
@@ -452,6 +455,8 @@ class AdaFedSemi(Method):
             "teacher_acc": t["accuracy"],
             "client_acc": client_acc,
             "personal_acc": personal,
+            **sanity(g["stats"]),  # the global model behind `accuracy`
+            **sanity(r, prefix="personal_"),
         }
 
 

@@ -49,6 +49,7 @@ class Algorithm(Protocol):
     roles: tuple[str, ...]
     oracle: bool  # reads the labels of unlabeled data (fully supervised references only)
     has_global_model: bool
+    mechanism_metrics: tuple[str, ...]  # row keys summary.json keeps as "mechanism"
 
     def init(self, key: jax.Array, fed: FederatedData) -> FLState: ...
 
@@ -78,9 +79,14 @@ class Capabilities:
         on each round's row of one replica: why that replica ends now, or None to go on.
     loop_hooks(): extra run-loop hooks (engine.loop.Hook) the method's experiments need, run
         before the checkpointer.
+    mechanism_metrics: row keys that show the method's mechanism acting (none by default).
     """
 
     has_warmup: ClassVar[bool] = False
+    # Names of row keys that show the method's own mechanism acting (e.g. a clustering's
+    # agreement with the true groups); summary.json keeps their final values in its "mechanism"
+    # block and fedjax-semi-report prints them (docs/gates.md).
+    mechanism_metrics: ClassVar[tuple[str, ...]] = ()
 
     def warmup(self, state: FLState, data: TrainView, mapper: Mapper, key: jax.Array) -> FLState:
         raise NotImplementedError(f"{type(self).__name__} declares no warm-up")
@@ -226,6 +232,49 @@ def client_accuracy(result: dict) -> tuple[jax.Array, jax.Array]:
     has = result["count"] > 0
     acc = result["correct"] / jnp.maximum(result["count"], 1)
     return acc, jnp.sum(jnp.where(has, acc, 0.0)) / jnp.maximum(jnp.sum(has), 1)
+
+
+def sanity(result: dict, prefix: str = "") -> dict:
+    """The columns of an evaluation row that show a broken model (docs/gates.md), from the
+    `engine.train.logit_stats` sums of the evaluated model(s): per client [C, ...] (each
+    client's model on its own rows) or of one model on one set (no client axis).
+
+    pred_top_share: the share of a model's predictions in its most-predicted class, averaged
+        over the clients holding rows (pred_top_share_max: the largest); label_top_share: the
+        same for the true labels, so a skewed test split can be told from a collapse;
+    pred_entropy: mean predictive entropy (nats) over all rows; max_logit: mean max |logit|;
+    num_classes: K, so a report knows chance (1/K). NaN where no row was evaluated.
+    """
+    count = jnp.reshape(result["count"], (-1,))
+    k = result["pred_hist"].shape[-1]
+    has = count > 0
+    n = jnp.maximum(count, 1).astype(jnp.float32)
+    clients = jnp.sum(has)
+    rows = jnp.sum(count).astype(jnp.float32)
+
+    def share(hist):  # [C]: each client's largest class count over its rows
+        return jnp.max(jnp.reshape(hist, (-1, k)), -1) / n
+
+    def over_clients(v):
+        return jnp.where(clients > 0, jnp.sum(jnp.where(has, v, 0.0)) / clients, jnp.nan)
+
+    top = share(result["pred_hist"])
+    out = {
+        "pred_top_share": over_clients(top),
+        "pred_top_share_max": jnp.where(clients > 0, jnp.max(jnp.where(has, top, 0.0)), jnp.nan),
+        "label_top_share": over_clients(share(result["label_hist"])),
+        "pred_entropy": jnp.where(rows > 0, jnp.sum(result["entropy"]) / rows, jnp.nan),
+        "max_logit": jnp.where(rows > 0, jnp.sum(result["max_logit"]) / rows, jnp.nan),
+    }
+    out = {prefix + key: v for key, v in out.items()}
+    out["num_classes"] = jnp.asarray(k, jnp.int32)
+    return out
+
+
+def concat_clients(results) -> dict:
+    """Per-client results of several model groups (a tuple of dicts [Cg, ...]) as one [C, ...]
+    dict, in group order (enough for `sanity`, which does not depend on the order)."""
+    return jax.tree.map(lambda *a: jnp.concatenate(a), *results)
 
 
 ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}

@@ -28,7 +28,15 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedjax_semi.algorithms.base import FLState, Mapper, Method, clients_finite, register
+from fedjax_semi.algorithms.base import (
+    FLState,
+    Mapper,
+    Method,
+    clients_finite,
+    concat_clients,
+    register,
+    sanity,
+)
 from fedjax_semi.algorithms.label_spaces import (
     fit_in_space,
     label_spaces,
@@ -375,7 +383,7 @@ class CoFED(Method):
         b = self.cfg.predict_batch
         fed = score_in_space(model, inp["fed"], x, labels, inp["table"], inp["owns"], b)
         loc = score_in_space(model, inp["local"], x, labels, inp["table"], inp["owns"], b)
-        return {"correct": fed["correct"], "local_correct": loc["correct"], "count": fed["count"]}
+        return {**fed, "local_correct": loc["correct"]}  # fed: the models behind `accuracy`
 
     def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
         """Each participant's accuracy on its own test split (argmax over Y_i) after CoFED and
@@ -406,6 +414,7 @@ class CoFED(Method):
             "client_acc": acc,
             "client_local_acc": local,
             "client_rel_acc": rel,
+            **sanity(concat_clients(outs)),
         }
 
 

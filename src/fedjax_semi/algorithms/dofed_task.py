@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedjax_semi.algorithms.base import FLState, Mapper, Method, client_accuracy
+from fedjax_semi.algorithms.base import FLState, Mapper, Method, client_accuracy, sanity
 from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable
 from fedjax_semi.engine.train import evaluate_row
@@ -66,7 +66,7 @@ def evaluate_clients(
     `client_vars` row; else the global model) on its own test split (docs/choices.md, DoFed-SPP
     A5), and on its D_unl (A5's secondary metric; for a baseline also its labeling accuracy,
     Sec. 6.2). evaluator comes from `client_evaluator`."""
-    out = {}
+    out, checks = {}, {}
     unl = data_roles(fed.roles).unl
     for key, role in (("client", "test"), ("unl", unl)):
         if per_client:
@@ -76,12 +76,14 @@ def evaluate_clients(
             r = mapper(evaluator, {"table": fed.roles[role]}, state.global_vars, fed.x, fed.eval_y)
         out[f"{key}_acc"], out[f"{key}_mean"] = client_accuracy(r)
         out[f"{key}_loss"] = jnp.sum(r["loss"]) / jnp.maximum(jnp.sum(r["count"]), 1)
+        checks = checks or sanity(r)  # the test split's: the models behind `accuracy`
     return {
         "accuracy": out["client_mean"],
         "personal_acc": out["client_mean"],
         "client_acc": out["client_acc"],
         "test_loss": out["client_loss"],
         "cls_acc_on_unl": out["unl_mean"],
+        **checks,
     }
 
 

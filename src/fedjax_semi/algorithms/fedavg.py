@@ -41,6 +41,7 @@ from fedjax_semi.algorithms.base import (
     client_accuracy,
     cohort_metrics,
     register,
+    sanity,
 )
 from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
@@ -52,6 +53,7 @@ from fedjax_semi.engine.train import (
     LocalObjective,
     evaluate_indices,
     evaluate_row,
+    table_stats,
 )
 from fedjax_semi.errors import bad
 from fedjax_semi.systems import wireless
@@ -297,7 +299,9 @@ class FedAvgFamily(Method):
 
     def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
         """Global accuracy on the server test set, and each client's accuracy on its own test
-        split with its own model (the global model where nothing is personal)."""
+        split with its own model (the global model where nothing is personal). The sanity
+        columns describe the model(s) behind `accuracy`, and with a global model the personal
+        evaluation's too (`personal_` columns)."""
         out = {}
         test = fed.roles["test"]
         if self.has_global_model:
@@ -310,14 +314,18 @@ class FedAvgFamily(Method):
                 self.eval_batch,
             )
             out["global_acc"], out["global_loss"] = g["accuracy"], g["loss"]
+            out.update(sanity(g["stats"]))
         if not self.personal and fed.test_in_global:
             # Every client holds the global model: reuse its per-example results.
-            full = jnp.zeros(fed.x.shape[0], bool).at[fed.server["test_global"]].set(g["correct"])
+            ids = fed.server["test_global"]
+            full = jnp.zeros(fed.x.shape[0], bool).at[ids].set(g["correct"])
             r = {"correct": jnp.sum(full[test.idx] & test.mask, axis=1), "count": test.count}
+            r.update(table_stats(g["each"], ids, test, fed.eval_y, fed.num_classes))
         else:
             xs = {"table": test, "personal": state.client_vars}
             r = mapper(self.eval_client, xs, state.global_vars, fed.x, fed.eval_y)
         out["client_acc"], out["personal_acc"] = client_accuracy(r)
+        out.update(sanity(r, prefix="personal_" if self.has_global_model else ""))
         out["accuracy"] = out["global_acc"] if self.has_global_model else out["personal_acc"]
         # Each client's model on its D_unl (docs/choices.md, DoFed-SPP A5).
         if dofed.is_target_task(fed.roles):

@@ -35,7 +35,15 @@ import numpy as np
 import optax
 from flax import struct
 
-from fedjax_semi.algorithms.base import FLState, Mapper, Method, clients_finite, register
+from fedjax_semi.algorithms.base import (
+    FLState,
+    Mapper,
+    Method,
+    clients_finite,
+    concat_clients,
+    register,
+    sanity,
+)
 from fedjax_semi.algorithms.cofed import GroupInputs
 from fedjax_semi.algorithms.label_spaces import (
     finetune_and_score,
@@ -386,7 +394,12 @@ class FedMD(Method):
         correct = pool.scatter_rows([o["correct"] for o in outs], self.members)
         count = pool.scatter_rows([o["count"] for o in outs], self.members)
         acc = correct / jnp.maximum(count, 1)
-        return {"accuracy": jnp.mean(acc), "personal_acc": jnp.mean(acc), "client_acc": acc}
+        return {
+            "accuracy": jnp.mean(acc),
+            "personal_acc": jnp.mean(acc),
+            "client_acc": acc,
+            **sanity(concat_clients(outs)),
+        }
 
 
 @register("fedmd", FedMDConfig)

@@ -19,7 +19,13 @@ import optax
 
 from fedjax_semi.data.federated import RoleTable
 from fedjax_semi.engine.keys import FINETUNE_DROPOUT, FINETUNE_SAMPLE, client_key
-from fedjax_semi.engine.train import Schedule, cross_entropy, local_scan, masked_mean
+from fedjax_semi.engine.train import (
+    Schedule,
+    cross_entropy,
+    local_scan,
+    logit_stats,
+    masked_mean,
+)
 from fedjax_semi.kernels.voting import masked_argmax
 from fedjax_semi.models.zoo import Model
 
@@ -137,10 +143,27 @@ def score_in_space(
     batch: int,
 ) -> dict:
     """Correct predictions (argmax over owns [K]) of one model on one client's table row
-    (idx [n], count []), `batch` rows at a time: {"correct": int32 [], "count": int32 []}."""
-    pred = predict_in_space(model, variables, x, table.idx, owns, batch)
-    valid = jnp.arange(table.idx.shape[0]) < table.count
-    return {"correct": jnp.sum((pred == labels[table.idx]) & valid), "count": table.count}
+    (idx [n], count []), `batch` rows at a time: {"correct": int32 [], "count": int32 [], and
+    the `logit_stats` of its predictions inside owns}."""
+    n = table.idx.shape[0]
+    nb = -(-n // batch)
+    padded = jnp.pad(table.idx, (0, nb * batch - n)).reshape(nb, batch)
+    valid = (jnp.arange(nb * batch) < table.count).reshape(nb, batch)
+
+    def one(args):
+        ids, ok = args
+        logits, _ = model.apply(variables, x[ids])
+        pred = masked_argmax(logits, owns)
+        y = labels[ids]
+        stats = logit_stats(masked_logits(logits, owns), pred, y, ok, owns)
+        return jnp.sum((pred == y) & ok), stats
+
+    correct, stats = jax.lax.map(one, (padded, valid))
+    return {
+        "correct": jnp.sum(correct),
+        "count": table.count,
+        **jax.tree.map(lambda a: jnp.sum(a, 0), stats),
+    }
 
 
 def finetune_and_score(

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedjax_semi.algorithms.base import FLState, Mapper, register
+from fedjax_semi.algorithms.base import FLState, Mapper, register, sanity
 from fedjax_semi.algorithms.fedavg import FedAvgConfig, FedAvgFamily
 from fedjax_semi.algorithms.label_spaces import finetune_and_score, label_spaces
 from fedjax_semi.data.federated import FederatedData
@@ -94,7 +94,12 @@ class PersonalizedFedAvg(FedAvgFamily):
         }
         r = mapper(self._personal_score, xs, state.global_vars, fed.x, fed.y, fed.eval_y, key)
         acc = r["correct"] / jnp.maximum(r["count"], 1)
-        return {"accuracy": jnp.mean(acc), "personal_acc": jnp.mean(acc), "client_acc": acc}
+        return {
+            "accuracy": jnp.mean(acc),
+            "personal_acc": jnp.mean(acc),
+            "client_acc": acc,
+            **sanity(r),
+        }
 
 
 @register("pfedavg", PFedAvgConfig)

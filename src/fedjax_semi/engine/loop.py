@@ -69,12 +69,19 @@ class Run:
     # to the first round: imports, data, compile of the warm-up), first_round_s (its compile
     # included), eval_s (each evaluation's seconds; the first compiles).
     timings: dict = field(default_factory=dict)
+    # Each replica's participation counts [num_clients] over the cohorts of its first
+    # `taken_rows` rows (`participation` adds the rows it has not seen, so a resume recounts
+    # the rows the JSON-lines writer restored).
+    taken: list = field(default_factory=list)
+    taken_rows: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.dirs)
         self.rows = self.rows or [[] for _ in range(n)]
         self.reasons = self.reasons or [None] * n
         self.last_eval = self.last_eval or [{} for _ in range(n)]
+        self.taken = self.taken or [None] * n
+        self.taken_rows = self.taken_rows or [0] * n
 
     @property
     def active(self) -> list[bool]:
@@ -222,8 +229,9 @@ def initial_row(run: Run, ev: dict, r: int) -> dict:
 
 
 def round_row(run: Run, fed: FederatedData, rnd: int, m: dict, ev, wall: float, r: int) -> dict:
-    """Replica r's row of round rnd: the round's scalar metrics, its cohort, the pseudo-label
-    accuracies, the clock, the evaluation when there was one (`ev`), and the host time."""
+    """Replica r's row of round rnd: the round's scalar metrics, its cohort and participation so
+    far, the pseudo-label accuracies, the clock, the evaluation when there was one (`ev`), and
+    the host time."""
     mr = _pick(run, m, r)
     row = {"round": rnd}
     row.update(_scalars({k: v for k, v in mr.items() if k != "client_finite"}))
@@ -231,6 +239,7 @@ def round_row(run: Run, fed: FederatedData, rnd: int, m: dict, ev, wall: float, 
     for name, score in PSEUDO_LABEL_SCORES.items():
         if name in mr:
             row[score] = pseudo_label_accuracy(mr["pl_index"], mr[name], fed.eval_y)
+    row.update(participation(run, r, fed.num_clients, row["cohort"]))
     row["sim_time"] = float(_pick(run, run.state.sim_time, r))
     if ev is not None:
         run.last_eval[r] = _pick(run, ev, r)
@@ -241,6 +250,33 @@ def round_row(run: Run, fed: FederatedData, rnd: int, m: dict, ev, wall: float, 
         row.update(scores)
     row["wall_time"] = wall
     return jsonable(row)
+
+
+def _took_part(counts: np.ndarray, cohort) -> None:
+    """Add one to each client of a round's cohort (once per round; ids outside the population,
+    such as padding, are left out)."""
+    ids = np.unique(np.asarray(cohort, dtype=np.int64))
+    counts[ids[(ids >= 0) & (ids < counts.size)]] += 1
+
+
+def participation(run: Run, r: int, num_clients: int, cohort) -> dict:
+    """Replica r's participation so far, this round's `cohort` included: the mean and least
+    number of rounds a client of the population took part in, and the share never selected.
+    Counted from the cohorts of run.rows (restored on resume), each row once."""
+    counts = run.taken[r]
+    if counts is None or counts.size != num_clients:
+        counts, run.taken_rows[r] = np.zeros(num_clients, np.int64), 0
+    for row in run.rows[r][run.taken_rows[r] :]:
+        if row.get("cohort") is not None:
+            _took_part(counts, row["cohort"])
+    run.taken[r], run.taken_rows[r] = counts, len(run.rows[r])
+    now = counts.copy()
+    _took_part(now, cohort)
+    return {
+        "participation_mean": float(now.mean()),
+        "participation_min": int(now.min()),
+        "never_selected": float(np.mean(now == 0)),
+    }
 
 
 # Labels an algorithm reports for its unlabeled rows (beside pl_index) -> the metric they are

@@ -278,7 +278,9 @@ def simulate(
         d.mkdir(parents=True, exist_ok=True)
     stop_rules = StopRules(stop or StopConfig(), alg.stop_reason)
     checkpoints = Checkpoints(out_dir / "checkpoints", checkpoint_every)
-    summaries = Summaries(out_dir, alg.name, title or alg.name, runner, stop_rules, primary)
+    summaries = Summaries(
+        out_dir, alg.name, title or alg.name, runner, stop_rules, primary, alg.mechanism_metrics
+    )
     hooks = [
         *make_writers(writers, primary),
         stop_rules,

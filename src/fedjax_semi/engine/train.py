@@ -336,14 +336,59 @@ def local_train(
 # ----------------------------------------------------------------------------- evaluation
 
 
+def histogram(values: jax.Array, mask: jax.Array, k: int) -> jax.Array:
+    """int32 [K]: how many of values[mask] fall in each class 0..K-1 (values < 0 are left out)."""
+    ids = jnp.where(values >= 0, values, k)  # out of range: dropped by the scatter
+    return jnp.zeros(k, jnp.int32).at[ids].add(mask.astype(jnp.int32), mode="drop")
+
+
+def example_stats(logits: jax.Array, classes: jax.Array | None = None) -> dict:
+    """Per example of logits [B, K]: the predictive entropy (nats) of the softmax and max |logit|.
+    `classes` bool [K] (a client's label space, its other logits masked) limits both to those."""
+    logp = jax.nn.log_softmax(logits)
+    plogp = jnp.exp(logp) * logp
+    size = jnp.abs(logits)
+    if classes is not None:
+        plogp, size = jnp.where(classes, plogp, 0.0), jnp.where(classes, size, 0.0)
+    return {"entropy": -jnp.sum(plogp, -1), "max_logit": jnp.max(size, -1)}
+
+
+def logit_stats(
+    logits: jax.Array,
+    pred: jax.Array,
+    labels: jax.Array,
+    mask: jax.Array,
+    classes: jax.Array | None = None,
+) -> dict:
+    """What shows a broken model, summed over one model's valid rows (mask [B]): histograms [K]
+    of its predictions `pred` [B] and of the true labels [B], and the summed entropy and max
+    |logit| of `example_stats`. `algorithms.base.sanity` turns them into a row's columns."""
+    k = logits.shape[-1]
+    each = example_stats(logits, classes)
+    m = mask.astype(logits.dtype)
+    return {
+        "pred_hist": histogram(pred, mask, k),
+        "label_hist": histogram(labels, mask, k),
+        "entropy": jnp.sum(each["entropy"] * m),
+        "max_logit": jnp.sum(each["max_logit"] * m),
+    }
+
+
 def evaluate_row(model: Model, variables: PyTree, data_x, labels, table: RoleTable) -> dict:
-    """Accuracy and loss of one model on one client's table row (idx [n_max], count [])."""
+    """Accuracy and loss of one model on one client's table row (idx [n_max], count []), and the
+    `logit_stats` of its predictions."""
     logits, _ = model.apply(variables, data_x[table.idx])
     mask = jnp.arange(table.idx.shape[0]) < table.count
     y = labels[table.idx]
-    correct = jnp.sum((jnp.argmax(logits, -1) == y) & mask)
+    pred = jnp.argmax(logits, -1)
+    correct = jnp.sum((pred == y) & mask)
     loss = jnp.sum(cross_entropy(logits, y) * mask)
-    return {"correct": correct, "count": table.count, "loss": loss}
+    return {
+        "correct": correct,
+        "count": table.count,
+        "loss": loss,
+        **logit_stats(logits, pred, y, mask),
+    }
 
 
 def evaluate_indices(
@@ -351,17 +396,57 @@ def evaluate_indices(
 ) -> dict:
     """One model on a server-side index set idx [M], in batches of `batch`.
 
-    Returns accuracy, mean loss and the per-example `correct` bool [M].
+    Returns accuracy, mean loss, the per-example `correct` bool [M], `stats` (the set's
+    `logit_stats` and its size `count`) and `each` (per example: pred [M] and `example_stats`,
+    which `table_stats` splits by client).
     """
     m = idx.shape[0]
     nb = -(-m // batch)
     padded = jnp.pad(idx, (0, nb * batch - m)).reshape(nb, batch)
+    valid = (jnp.arange(nb * batch) < m).reshape(nb, batch)
 
-    def one(ids):
+    def one(args):
+        ids, ok = args
         logits, _ = model.apply(variables, data_x[ids])
         y = labels[ids]
-        return jnp.argmax(logits, -1) == y, cross_entropy(logits, y)
+        pred = jnp.argmax(logits, -1)
+        each = {"pred": pred, **example_stats(logits)}
+        k = logits.shape[-1]
+        hists = histogram(pred, ok, k), histogram(y, ok, k)
+        return pred == y, cross_entropy(logits, y), each, hists
 
-    correct, loss = jax.lax.map(one, padded)
+    correct, loss, each, (pred_hist, label_hist) = jax.lax.map(one, (padded, valid))
     correct, loss = correct.reshape(-1)[:m], loss.reshape(-1)[:m]
-    return {"accuracy": jnp.mean(correct), "loss": jnp.mean(loss), "correct": correct}
+    each = {k: v.reshape(-1)[:m] for k, v in each.items()}
+    stats = {
+        "pred_hist": jnp.sum(pred_hist, 0),
+        "label_hist": jnp.sum(label_hist, 0),
+        "entropy": jnp.sum(each["entropy"]),
+        "max_logit": jnp.sum(each["max_logit"]),
+        "count": jnp.asarray(m, jnp.int32),
+    }
+    return {
+        "accuracy": jnp.mean(correct),
+        "loss": jnp.mean(loss),
+        "correct": correct,
+        "stats": stats,
+        "each": each,
+    }
+
+
+def table_stats(each: dict, idx: jax.Array, table: RoleTable, labels, k: int) -> dict:
+    """Per-client `logit_stats` [C, ...] of one model's per-example values `each` on the index set
+    idx [M] (`evaluate_indices`' "each"), for client tables whose rows all lie in idx
+    (fed.test_in_global): no second pass over the data."""
+    n = labels.shape[0]
+    full = {key: jnp.zeros(n, v.dtype).at[idx].set(v) for key, v in each.items()}
+    mask = table.mask
+    rows = {key: v[table.idx] for key, v in full.items()}  # [C, n_max]
+    hist = jax.vmap(lambda v, m: histogram(v, m, k))
+    m = mask.astype(rows["entropy"].dtype)
+    return {
+        "pred_hist": hist(rows["pred"], mask),
+        "label_hist": hist(labels[table.idx], mask),
+        "entropy": jnp.sum(rows["entropy"] * m, axis=1),
+        "max_logit": jnp.sum(rows["max_logit"] * m, axis=1),
+    }

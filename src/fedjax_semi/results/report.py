@@ -9,6 +9,10 @@ DoFed-SPP's FA stopping rule (the engine's own `EarlyStopper`) on the first metr
 curve and cuts each run where the rule would have stopped it, so one set of budget runs also
 gives the paper's stop-on-plateau table. The std over seeds is the sample std (ddof=1).
 
+With ``gates`` (on in fedjax-semi-report unless --no-gates) a `gates` column flags rows whose
+models look broken: at chance, collapsed onto one class, below the table's Local row
+(results/gates.py, docs/gates.md); a `mechanism` column shows the methods' mechanism metrics.
+
 An experiment config may carry the paper's numbers as
     paper: [{where: {algorithm.name: fedavg, partition.alpha: 0.5}, accuracy: 0.71}, ...]
 and the report prints them beside ours.
@@ -20,11 +24,16 @@ import csv
 import json
 import re
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import yaml
+
+# The per-client bin tables live in results/bins.py; importable from here as before.
+from fedjax_semi.results.bins import labeled_ratio_table as labeled_ratio_table
+from fedjax_semi.results.bins import participation_table as participation_table
+from fedjax_semi.results.bins import participations as participations
+from fedjax_semi.results.gates import Gates, judge, mechanism_names, mechanism_values, summary_line
 
 SEED_KEYS = ("seed",)
 
@@ -260,26 +269,38 @@ def report(
     budget_rounds: int | None = None,
     last_k: int | None = None,
     fa_rule: tuple[float, int, int] | None = None,
+    gates: Gates | None = None,
 ) -> str:
     """The table: one row per setting, the seed count and mean ± std over seeds per metric
     (final evaluation, or the budget cut / last-k mean / FA-rule cut; see the module
-    docstring). With ``fa_rule`` a run the rule never stops is read at the budget."""
+    docstring). With ``fa_rule`` a run the rule never stops is read at the budget. With
+    ``gates`` a `gates` column flags broken rows (results/gates.py), listed under the table;
+    a `mechanism` column shows the methods' mechanism metrics where the summaries hold any."""
     _check_cut(budget_time, budget_rounds, last_k, fa_rule)
     cut = budget_time is not None or budget_rounds is not None or last_k is not None
     cut = cut or fa_rule is not None
     groups = grouped_runs(root)
     runs = [r for rs in groups.values() for r in rs]
     values: dict[tuple[int, str], tuple[float, int] | None] = {}
+    stop_rounds: dict[int, int | None] = {}
+
+    def value(r: dict, m: str) -> tuple[float, int] | None:  # (value, round at cut), cached
+        if (id(r), m) not in values:
+            values[id(r), m] = (
+                cut_value(r["dir"], m, budget_time, stop_rounds[id(r)], last_k)
+                if cut
+                else run_value(r, m)
+            )
+        return values[id(r), m]
+
     for r in runs:
-        stop_round = budget_rounds
+        stop_rounds[id(r)] = budget_rounds
         if fa_rule is not None:
             fa = fa_stop_round(r["dir"], metrics[0], fa_rule, budget_time)
             if fa is not None:
-                stop_round = fa if budget_rounds is None else min(fa, budget_rounds)
+                stop_rounds[id(r)] = fa if budget_rounds is None else min(fa, budget_rounds)
         for m in metrics:
-            values[id(r), m] = (
-                cut_value(r["dir"], m, budget_time, stop_round, last_k) if cut else run_value(r, m)
-            )
+            value(r, m)
     metrics = [m for m in metrics if any(values[id(r), m] is not None for r in runs)]
     # A paper column only for the metrics the preset's paper rows give.
     paper_metrics = [
@@ -304,6 +325,14 @@ def report(
     if cut and metrics:
         header.append("round at cut (mean)")
     header += [f"paper {m}" for m in paper_metrics]
+    mech = mechanism_names(runs)
+    header += ["mechanism (final, mean)"] if mech else []
+    verdicts = {}
+    if gates is not None and metrics:
+        verdicts = judge(
+            groups, metrics[0], lambda r, k: (value(r, k) or (None,))[0], gates, pct[metrics[0]]
+        )
+        header.append("gates")
     rows, csv_rows = [], []
     for setting, rs in groups.items():
         cells, csv_row = [setting, str(len(rs))], {"setting": setting, "seeds": len(rs)}
@@ -328,11 +357,20 @@ def report(
             pv = _paper_value(rs[0]["config"].get("paper"), rs[0]["config"], m)
             cells.append("–" if pv is None else f"{100 * pv:.2f}" if pct[m] else f"{pv:.6g}")
             csv_row[f"paper_{m}"] = pv
+        if mech:
+            got = mechanism_values(rs, mech)
+            cells.append(", ".join(f"{k} {v:.4g}" for k, v in got.items()) or "–")
+            csv_row.update({f"mechanism_{k}": v for k, v in got.items()})
+        if verdicts:
+            cells.append(verdicts[setting].cell)
+            csv_row["gates"] = verdicts[setting].cell
         rows.append(cells)
         csv_rows.append(csv_row)
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(c) + " |" for c in rows]
     text = "\n".join(md)
+    if verdicts:
+        text += "\n\n" + summary_line(verdicts, gates)
     csv_path = csv_path or Path(root) / "report.csv"
     fields = sorted(
         {k for r in csv_rows for k in r}, key=lambda k: (k != "setting", k != "seeds", k)
@@ -343,130 +381,3 @@ def report(
         w.writerows(csv_rows)
     (Path(root) / "report.md").write_text(text + "\n")
     return text
-
-
-def _counts(run_dir: Path) -> dict | None:
-    """counts.json of a run (a replica's seed_<s>/ shares its parent's partition)."""
-    for d in (run_dir, run_dir.parent):
-        if (d / "counts.json").exists():
-            return json.loads((d / "counts.json").read_text())
-    return None
-
-
-def _client_bin_table(
-    root: Path,
-    per_client: Callable[[dict], np.ndarray],
-    bins: list[tuple[str, Callable[[np.ndarray], np.ndarray]]],
-    out_name: str,
-) -> str:
-    """Mean personal accuracy of the clients in each bin of a per-client quantity, per setting,
-    averaged over seeds. per_client(run) -> values [K]; bins: (column name, values -> mask).
-    Cells: "accuracy % (clients in the bin, mean over seeds)". Also written to DIR/out_name."""
-    accs: dict[str, list[np.ndarray]] = defaultdict(list)
-    sizes: dict[str, list[np.ndarray]] = defaultdict(list)
-    for label, rs in grouped_runs(root).items():
-        for r in rs:
-            values, acc = per_client(r), np.asarray(r["summary"].get("client_acc", []), float)
-            if acc.shape != values.shape:
-                raise ValueError(
-                    f"run {str(r['dir'])!r}: summary.json has {acc.size} client accuracies for "
-                    f"{values.size} clients (the run ended before its first evaluation?)"
-                )
-            in_bin = [member(values) for _, member in bins]
-            accs[label].append(np.array([acc[m].mean() if m.any() else np.nan for m in in_bin]))
-            sizes[label].append(np.array([m.sum() for m in in_bin]))
-    names = [name for name, _ in bins]
-    md = ["| setting | seeds | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
-    for label, per_seed in accs.items():
-        with np.errstate(all="ignore"):
-            mean = np.nanmean(np.stack(per_seed), axis=0)
-        n = np.mean(np.stack(sizes[label]), axis=0)
-        cells = [
-            "–" if np.isnan(m) else f"{100 * m:.1f} ({c:.3g})" for m, c in zip(mean, n, strict=True)
-        ]
-        md.append(f"| {label} | {len(per_seed)} | " + " | ".join(cells) + " |")
-    text = "\n".join(md)
-    (Path(root) / out_name).write_text(text + "\n")
-    return text
-
-
-def labeled_ratio_table(root: Path, edges: list[float]) -> str:
-    """Mean personal accuracy of the clients whose labeled ratio mu_k = |D_k^s| / (|D_k^s| +
-    |D_k^u|) falls in each bin [edges[i], edges[i+1]) (the last bin includes 1), per setting,
-    averaged over seeds. Shows where a semi-supervised method gains or loses: on the clients
-    with many labels or on those with few. Written to DIR/report_by_labeled_ratio.md as well."""
-    edges = [float(e) for e in edges]
-    if (
-        len(edges) < 2
-        or any(b <= a for a, b in zip(edges[:-1], edges[1:], strict=True))
-        or edges[0] < 0
-        or edges[-1] > 1
-    ):
-        raise ValueError(
-            f"--by-labeled-ratio={','.join(map(str, edges))!r} is not allowed: at least two "
-            "increasing bin edges in [0, 1], e.g. 0,0.1,0.5,0.9,1"
-        )
-
-    def labeled_ratio(r: dict) -> np.ndarray:
-        counts = _counts(r["dir"])
-        if not counts or "labeled" not in counts or "unlabeled" not in counts:
-            raise ValueError(
-                f"run {str(r['dir'])!r} has no labeled/unlabeled split in counts.json: the "
-                "labeled-ratio table needs a semi-supervised partition"
-            )
-        n_s = np.asarray(counts["labeled"], float)
-        return n_s / np.maximum(n_s + np.asarray(counts["unlabeled"], float), 1)
-
-    last = len(edges) - 2
-    bins = [
-        (
-            f"μ in [{a:g}, {b:g}{']' if i == last else ')'}",
-            lambda mu, a=a, b=b, i=i: (mu >= a) & ((mu <= b) if i == last else (mu < b)),
-        )
-        for i, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True))
-    ]
-    return _client_bin_table(root, labeled_ratio, bins, "report_by_labeled_ratio.md")
-
-
-def participations(run_dir: Path, rounds: int, num_clients: int) -> np.ndarray:
-    """How many of the first `rounds` rounds each client took part in, counted from the cohorts
-    in the run's metrics.jsonl. int [K]."""
-    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    rows = [row for row in rows if 1 <= row["round"] <= rounds]
-    if len(rows) < rounds or any("cohort" not in row for row in rows):
-        raise ValueError(
-            f"run {str(run_dir)!r}: metrics.jsonl does not list the cohort of each of its first "
-            f"{rounds} rounds (runs written before cohorts were logged cannot be binned)"
-        )
-    ids = np.concatenate([np.asarray(row["cohort"], int) for row in rows])
-    return np.bincount(ids, minlength=num_clients)
-
-
-def participation_table(root: Path, edges: list[int]) -> str:
-    """Mean personal accuracy of the clients by how often they took part up to the final
-    evaluation: bins [edges[i], edges[i+1]) and a last bin >= edges[-1]. Shows whether a
-    personalized method's clients gain or lose from each round they take part in. Written to
-    DIR/report_by_participations.md as well."""
-    if (
-        not edges
-        or any(e != int(e) for e in edges)
-        or edges[0] < 0
-        or any(b <= a for a, b in zip(edges[:-1], edges[1:], strict=True))
-    ):
-        raise ValueError(
-            f"--by-participations={','.join(f'{e:g}' for e in edges)!r} is not allowed: increasing "
-            "integers >= 0, e.g. 0,1,2,3,6"
-        )
-    edges = [int(e) for e in edges]
-
-    def counts(r: dict) -> np.ndarray:
-        final_round = r["summary"].get("final", {}).get("round")
-        if final_round is None:
-            raise ValueError(f"run {str(r['dir'])!r} has no evaluated round in summary.json")
-        return participations(r["dir"], int(final_round), len(r["summary"]["client_acc"]))
-
-    bins = [
-        (f"{a}" if b == a + 1 else f"{a}-{b - 1}", lambda p, a=a, b=b: (p >= a) & (p < b))
-        for a, b in zip(edges[:-1], edges[1:], strict=True)
-    ] + [(f"≥ {edges[-1]}", lambda p: p >= edges[-1])]
-    return _client_bin_table(root, counts, bins, "report_by_participations.md")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -161,11 +162,23 @@ def make_writers(names: list[str] | tuple[str, ...], primary: bool = True) -> li
     return [WRITERS[n]() for n in names]
 
 
+def mechanism_block(rows: list[dict], names: Sequence[str]) -> dict:
+    """The final value of each of a method's mechanism metrics (`mechanism_metrics`): its value
+    in the last row that has one, None where no row has."""
+    out: dict[str, Any] = {}
+    for name in names:
+        vals = [row[name] for row in rows if row.get(name) is not None]
+        out[name] = vals[-1] if vals else None
+    return out
+
+
 class Summaries(Hook):
     """At the end: summary.json and plots/accuracy.png in each replica's directory and, with
     replicas, replicas.json (mean and std over the seeds) and the mean curve in `out_dir`.
     `summary` is then the run's summary (replicas.json's content with replicas). Without
-    `primary` (a process other than 0 of hardware.distributed) it writes no file."""
+    `primary` (a process other than 0 of hardware.distributed) it writes no file. `mechanism`:
+    the method's mechanism metrics (`Capabilities.mechanism_metrics`), whose final values go to
+    the summary's "mechanism" block."""
 
     def __init__(
         self,
@@ -175,9 +188,11 @@ class Summaries(Hook):
         runner,
         stop: StopRules,
         primary: bool = True,
+        mechanism: Sequence[str] = (),
     ) -> None:
         self.out_dir, self.alg_name, self.title = Path(out_dir), alg_name, title
         self.runner, self.stop, self.primary = runner, stop, primary
+        self.mechanism = tuple(mechanism)
         self.summary: dict = {}
 
     def end(self, run: Run, error: BaseException | None) -> None:
@@ -207,6 +222,7 @@ class Summaries(Hook):
             "rounds_completed": rows[-1]["round"] if rows else 0,
             "stop_reason": run.reasons[r] or "rounds completed",
             "final": final,
+            "mechanism": mechanism_block(rows, self.mechanism),
             "best_accuracy": None if not np.isfinite(stopper.best) else stopper.best,
             "best_round": stopper.best_round,
             "fa_literal_round": stopper.literal_round,
@@ -236,6 +252,10 @@ class Summaries(Hook):
             vals = [f[k] for f in finals if f.get(k) is not None]
             if len(vals) == len(finals):
                 final[k], final_std[k] = float(np.mean(vals)), float(np.std(vals))
+        mechanism = {}  # the mean over the seeds, where every seed has a value
+        for k in self.mechanism:
+            vals = [s["mechanism"][k] for s in summaries if s["mechanism"][k] is not None]
+            mechanism[k] = float(np.mean(vals)) if len(vals) == len(summaries) else None
         summary: dict[str, Any] = {
             "algorithm": summaries[0]["algorithm"],
             "seeds": list(seeds),
@@ -245,6 +265,7 @@ class Summaries(Hook):
             ),
             "final": final,
             "final_std": final_std,
+            "mechanism": mechanism,
             "per_seed": [
                 {"seed": s, "rounds_completed": x["rounds_completed"], "final": x["final"]}
                 for s, x in zip(seeds, summaries, strict=True)
