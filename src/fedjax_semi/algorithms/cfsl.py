@@ -40,6 +40,7 @@ from fedjax_semi.algorithms.base import (
     client_accuracy,
     cohort_metrics,
     register,
+    sanity,
 )
 from fedjax_semi.algorithms.cfsl_config import CFSLConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
@@ -469,6 +470,7 @@ class CFSL(Method):
             "global_loss": g["loss"],
             "labeling_acc": jnp.where(n_ok > 0, acc_l, jnp.nan),  # none accepted: no value
             "coverage": n_ok / jnp.maximum(jnp.sum(unl.count), 1),
+            **sanity(r),  # the cluster models behind `accuracy`
         }
 
 
