@@ -286,3 +286,21 @@ def test_more_edges_than_workers_is_one_line():
 def test_hfsl_refuses_clustering():
     with pytest.raises(ConfigError, match="algorithm.clustering"):
         experiment.build(compose_config(*BASE[1:], "algorithm=hfsl", "algorithm.clustering=true"))
+
+
+def test_mechanism_metrics_recover_the_latent_groups(exp, four):
+    """cluster_ari is the adjusted Rand index of the workers' clusters against the partition's
+    latent groups (sklearn's, as an independent reference); stopped_cluster_share the share of
+    live clusters that stopped."""
+    from sklearn.metrics import adjusted_rand_score
+
+    runner, state, _, _ = four
+    ev = jax.device_get(runner.evaluate(state))
+    cid = np.asarray(state.extra["cid"])
+    want = adjusted_rand_score(exp.partition.assignments["cluster"], cid)
+    assert 0 < want < 1  # four pure clusters (two groups x two edges): a refinement
+    np.testing.assert_allclose(ev["cluster_ari"], want, rtol=1e-5, atol=1e-6)
+    live = np.asarray(state.extra["active"])
+    stopped = np.asarray(state.extra["stopped"]) & live
+    assert ev["stopped_cluster_share"] == pytest.approx(stopped.sum() / live.sum())
+    assert exp.alg.mechanism_metrics == ("cluster_ari", "stopped_cluster_share")

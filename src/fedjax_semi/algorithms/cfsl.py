@@ -26,7 +26,7 @@ hold the trunk), labeling timed by the same tests (Eq. 5 for SP, Eq. 25 for ST).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -128,6 +128,9 @@ class CFSL(Method):
     oracle: bool = False
     has_global_model: bool = True
     roles: tuple[str, ...] = ("labeled", "unlabeled", "test")
+    # Clustering acts when the clusters found are the latent groups (Sec. III-B) and clusters
+    # stop (Eq. 6), which is what saves energy in Sec. V.
+    mechanism_metrics: ClassVar[tuple[str, ...]] = ("cluster_ari", "stopped_cluster_share")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -471,7 +474,23 @@ class CFSL(Method):
             "labeling_acc": jnp.where(n_ok > 0, acc_l, jnp.nan),  # none accepted: no value
             "coverage": n_ok / jnp.maximum(jnp.sum(unl.count), 1),
             **sanity(r),  # the cluster models behind `accuracy`
+            **self.cluster_recovery(state, fed),
         }
+
+    def cluster_recovery(self, state: FLState, fed: FederatedData) -> dict:
+        """The mechanism's evidence: the adjusted Rand index of the workers' clusters against
+        the latent groups the partition built (fed.eval_group, evaluation only; absent for a
+        partition without groups), and the share of live clusters that have stopped."""
+        ex = state.extra
+        live = jnp.sum(ex["active"])
+        out = {"stopped_cluster_share": jnp.sum(ex["stopped"] & ex["active"]) / live}
+        if fed.eval_group is not None:
+            n = self.num_clients
+            everyone = jnp.ones((n,), bool)
+            out["cluster_ari"] = cl.adjusted_rand_index(
+                ex["cid"], fed.eval_group, self.k_max, n, everyone
+            )
+        return out
 
 
 @register("cfsl", CFSLConfig)

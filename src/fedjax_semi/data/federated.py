@@ -67,6 +67,9 @@ class FederatedData:
     # Every client's test split lies inside server["test_global"] (lets evaluation of a single
     # global model reuse one pass over the global test set).
     test_in_global: bool = struct.field(pytree_node=False, default=False)
+    # int32 [C]: the latent group the partition gave each client (CFSL's clusters), -1 where it
+    # built none. Like eval_y, for evaluation only (cluster recovery); train_view omits it.
+    eval_group: jax.Array | None = None
 
     @property
     def num_clients(self) -> int:
@@ -160,6 +163,7 @@ def build_federated(
         # The network's worker-edge association (CFSL's A_i^j), known to the cloud: not an
         # index set, and not the hidden cluster the partition also records.
         server["edge_of"] = jnp.asarray(np.asarray(partition.assignments["edge"], np.int32))
+    group = partition.assignments.get("cluster")
     start = len(x_train) + len(x_test)
     for name, xs in extra.items():
         server[name] = jnp.arange(start, start + len(xs), dtype=jnp.int32)
@@ -173,4 +177,5 @@ def build_federated(
         mu=jnp.asarray(partition.mu, jnp.float32),
         num_classes=num_classes,
         test_in_global=test_in_global,
+        eval_group=jnp.asarray(np.asarray(group, np.int32)) if group is not None else None,
     )
