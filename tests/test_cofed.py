@@ -364,3 +364,13 @@ def test_sweep_table_keeps_only_the_given_seeds(tmp_path, capsys):
     assert "| table1 | iid | 0.3 | 100 | 3 | 1.000 ± 1.000 |" in capsys.readouterr().out
     sweep.main(["--table", str(path)])
     assert "| table1 | iid | 0.3 | 100 | 5 | 2.000 ± 1.581 |" in capsys.readouterr().out
+
+
+def test_mechanism_metrics_are_row_keys(exp, ran):
+    """pl_acc is scored by the loop from the round's pl_label; pl_sum_pk is a round metric."""
+    from fedjax_semi.engine.loop import PSEUDO_LABEL_SCORES
+
+    metrics = ran[2]
+    keys = set(metrics) | {s for label, s in PSEUDO_LABEL_SCORES.items() if label in metrics}
+    assert exp.alg.mechanism_metrics == ("pl_acc", "pl_sum_pk")
+    assert set(exp.alg.mechanism_metrics) <= keys

@@ -173,6 +173,9 @@ class CoFED(Method):
     oracle: bool = False
     has_global_model: bool = False
     has_warmup: ClassVar[bool] = True
+    # Step 3's consensus labels on the public set: their accuracy (hidden labels, scored after
+    # the round) and how many rows the participants receive (Fig. 7's sum of |P_k|).
+    mechanism_metrics: ClassVar[tuple[str, ...]] = ("pl_acc", "pl_sum_pk")
 
     def __post_init__(self) -> None:
         super().__post_init__()
