@@ -65,6 +65,15 @@ bench-throughput: data
 	$(PY) -m pip install -q $(TORCH_SPEC) $(TORCH_PIP_ARGS)
 	$(PY) benchmarks/throughput.py --torch $(BENCH_ARGS)
 
+# The engine's FedAvg against an independent PyTorch FedAvg, 4 settings x 5 seeds x 100 rounds
+# (77 min on 2 shared cores; docs/results/agreement.md); torch installed as for bench-throughput.
+#   make agreement AGREEMENT_ARGS="--report --run 2026-11-27T09:27:43"   (a stored run's tables)
+AGREEMENT_ARGS ?=
+.PHONY: agreement
+agreement: data
+	$(PY) -m pip install -q $(TORCH_SPEC) $(TORCH_PIP_ARGS)
+	$(PY) benchmarks/agreement.py $(AGREEMENT_ARGS)
+
 # Optional peers (no test needs them): pfl-research on W1, Flower's simulation engine on W3.
 # pfl and flwr would downgrade absl-py/attrs/protobuf/rich in $(VENV), so they get their own venv
 # with jax/flax/optax pinned to $(VENV)'s versions (benchmarks/common.py records them).
