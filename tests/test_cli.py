@@ -196,7 +196,7 @@ def test_report_by_participations(tmp_path, capsys):
     of metrics.jsonl up to the final evaluation, against a direct computation; runs without
     logged cohorts and bad edges fail clearly."""
     from fedjax_semi.cli import report_main
-    from fedjax_semi.results.report import participation_table
+    from fedjax_semi.results.bins import participation_table
 
     rng = np.random.default_rng(1)
     k, rounds, s = 30, 6, 5
@@ -247,7 +247,7 @@ def test_report_by_labeled_ratio(tmp_path, capsys):
     """Per-bin mean accuracy of the clients by labeled ratio, against a direct computation; a
     key overridden in one run only still separates the settings; bad edges fail clearly."""
     from fedjax_semi.cli import report_main
-    from fedjax_semi.results.report import labeled_ratio_table
+    from fedjax_semi.results.bins import labeled_ratio_table
 
     rng = np.random.default_rng(0)
     labeled, unlabeled = rng.integers(0, 50, 40), rng.integers(0, 50, 40)

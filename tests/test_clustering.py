@@ -344,3 +344,14 @@ def test_adjusted_rand_index_edge_cases():
     assert float(cl.adjusted_rand_index(single, single, 1, 1, ones)) == 1.0
     # One cluster found for three true groups: no agreement beyond chance.
     assert float(cl.adjusted_rand_index(single, truth, 1, 3, ones)) == pytest.approx(0.0)
+
+
+def test_cluster_recovery_shares_and_optional_ari():
+    active = np.array([True, True, True, False])
+    stopped = np.array([True, False, True, True])  # the dead slot's flag does not count
+    assign = np.array([0, 0, 1, 2, 2])
+    out = cl.cluster_recovery(assign, active, stopped, None)
+    assert set(out) == {"stopped_cluster_share"}
+    assert float(out["stopped_cluster_share"]) == pytest.approx(2 / 3)
+    group = np.array([1, 1, 0, 2, 2])  # the same partition, renamed
+    assert float(cl.cluster_recovery(assign, active, stopped, group)["cluster_ari"]) == 1.0

@@ -141,14 +141,10 @@ def _edges(flag: str, value: str | None, allowed: str) -> list[float] | None:
 def report_main(argv: list[str] | None = None) -> None:
     import argparse
 
-    from fedjax_semi.results.gates import Gates
+    from fedjax_semi.results.bins import labeled_ratio_table, participation_table
+    from fedjax_semi.results.gates import add_gate_flags, gates_from_args
     from fedjax_semi.results.paired import paired_table
-    from fedjax_semi.results.report import (
-        export_rows,
-        labeled_ratio_table,
-        participation_table,
-        report,
-    )
+    from fedjax_semi.results.report import export_rows, report
     from fedjax_semi.results.ttap import ttap
 
     ap = argparse.ArgumentParser(
@@ -226,41 +222,12 @@ def report_main(argv: list[str] | None = None) -> None:
         help="also tabulate every setting minus the one holding these space-separated key=value "
         "tokens, seed by seed, on the first metric at the same cut (DIR/report_paired.md)",
     )
-    ap.add_argument(
-        "--gate-chance-margin",
-        metavar="M",
-        default=str(Gates.chance_margin),
-        help="flag a row whose first metric is within M of chance, 1/K, or below "
-        f"(default {Gates.chance_margin}; docs/gates.md)",
-    )
-    ap.add_argument(
-        "--gate-collapse",
-        metavar="S",
-        default=str(Gates.collapse),
-        help="flag a row whose models put more than S of their test predictions in one class "
-        f"(pred_top_share), and more than the true labels do (default {Gates.collapse})",
-    )
-    ap.add_argument(
-        "--gate-local-margin",
-        metavar="M",
-        default=str(Gates.local_margin),
-        help="flag a row more than M below the same table's Local row (the setting that differs "
-        f"only in algorithm=local) on the first metric (default {Gates.local_margin})",
-    )
-    ap.add_argument(
-        "--no-gates",
-        action="store_true",
-        help="no sanity gates (no gates column, no list of flagged rows)",
-    )
+    add_gate_flags(ap)
     args = ap.parse_args(argv)
-    gates = None
-    if not args.no_gates:  # checked before any work, one line per bad value
-        try:
-            gates = Gates.from_flags(
-                args.gate_chance_margin, args.gate_collapse, args.gate_local_margin
-            )
-        except ValueError as e:
-            _fail(str(e))
+    try:  # checked before any work, one line per bad value
+        gates = gates_from_args(args)
+    except ValueError as e:
+        _fail(str(e))
     if not args.sweep_dir.is_dir():
         _fail(f"sweep_dir={str(args.sweep_dir)!r} is not a directory")
     fa_rule = None

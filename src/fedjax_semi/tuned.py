@@ -17,7 +17,7 @@ from typing import Any
 
 from fedjax_semi.errors import ConfigError
 
-__all__ = ["apply_tuned", "finished_summary", "given_keys", "record_tuned"]
+__all__ = ["apply_tuned", "finished_summary", "given_keys", "record_tuned", "run_complete"]
 
 _ABSENT = object()
 
@@ -132,7 +132,7 @@ def record_tuned(out_dir: str | Path, applied: dict[str, Any]) -> None:
             path.write_text(json.dumps(summary, indent=2))
 
 
-def _complete(summary: dict, rounds: int, same_stop: bool) -> bool:
+def run_complete(summary: dict, rounds: int, same_stop: bool) -> bool:
     """A run that needs no more rounds: every round done, or stopped by a rule (a stop rule, the
     method's own, a non-finite loss) under the same stop settings; an interrupted run is not."""
     reason = str(summary.get("stop_reason", ""))
@@ -166,7 +166,7 @@ def finished_summary(cfg: Any, out_dir: str | Path) -> dict | None:
     except (OSError, ValueError):
         return None  # a damaged file: the ordinary resume path says what is wrong
     same_stop = old_stop == _config_json(cfg)["stop"]
-    if not all(_complete(s, cfg.rounds, same_stop) for s in summaries):
+    if not all(run_complete(s, cfg.rounds, same_stop) for s in summaries):
         return None
     check_resume(cfg, out)
     return summaries[0] if seeds is None else json.loads((out / "replicas.json").read_text())

@@ -474,23 +474,9 @@ class CFSL(Method):
             "labeling_acc": jnp.where(n_ok > 0, acc_l, jnp.nan),  # none accepted: no value
             "coverage": n_ok / jnp.maximum(jnp.sum(unl.count), 1),
             **sanity(r),  # the cluster models behind `accuracy`
-            **self.cluster_recovery(state, fed),
+            # The mechanism: clusters that are the latent groups, and clusters that stop.
+            **cl.cluster_recovery(ex["cid"], ex["active"], ex["stopped"], fed.eval_group),
         }
-
-    def cluster_recovery(self, state: FLState, fed: FederatedData) -> dict:
-        """The mechanism's evidence: the adjusted Rand index of the workers' clusters against
-        the latent groups the partition built (fed.eval_group, evaluation only; absent for a
-        partition without groups), and the share of live clusters that have stopped."""
-        ex = state.extra
-        live = jnp.sum(ex["active"])
-        out = {"stopped_cluster_share": jnp.sum(ex["stopped"] & ex["active"]) / live}
-        if fed.eval_group is not None:
-            n = self.num_clients
-            everyone = jnp.ones((n,), bool)
-            out["cluster_ari"] = cl.adjusted_rand_index(
-                ex["cid"], fed.eval_group, self.k_max, n, everyone
-            )
-        return out
 
 
 @register("cfsl", CFSLConfig)

@@ -132,9 +132,7 @@ class UMPFSSL(FedAvgFamily):
         return state.replace(extra=extra)
 
     has_warmup: ClassVar[bool] = True
-    # Eq. 11's least-uncertain helper labels the client's rows: right more often than the
-    # client's own model, and how close to "some helper was right" (scored against the hidden
-    # labels after the round, never in training).
+    # Eq. 11's chosen helper labels vs the own model's vs "some helper right" (hidden labels).
     mechanism_metrics: ClassVar[tuple[str, ...]] = ("pl_acc", "pl_self_acc", "pl_any_helper_acc")
 
     def warmup(self, state: FLState, data: TrainView, mapper, key: jax.Array) -> FLState:

@@ -327,3 +327,17 @@ def adjusted_rand_index(
     top = 0.5 * (rows + cols)
     denom = top - expected
     return jnp.where(denom == 0, 1.0, (index - expected) / jnp.where(denom == 0, 1.0, denom))
+
+
+def cluster_recovery(
+    assign: jax.Array, active: jax.Array, stopped: jax.Array, group: jax.Array | None
+) -> dict:
+    """CFSL's mechanism metrics: `stopped_cluster_share`, the share of live slots (active [K])
+    that stopped (stopped [K]), and, where the partition built latent groups (group [C] int,
+    evaluation only), `cluster_ari`: the adjusted Rand index of the clients' slots (assign [C])
+    against them."""
+    out = {"stopped_cluster_share": jnp.sum(stopped & active) / jnp.sum(active)}
+    if group is not None:
+        c, k = assign.shape[0], active.shape[0]
+        out["cluster_ari"] = adjusted_rand_index(assign, group, k, c, jnp.ones((c,), bool))
+    return out

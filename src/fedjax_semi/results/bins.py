@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedjax_semi.results.report import grouped_runs
+
 
 def _counts(run_dir: Path) -> dict | None:
     """counts.json of a run (a replica's seed_<s>/ shares its parent's partition)."""
@@ -28,8 +30,6 @@ def _client_bin_table(
     """Mean personal accuracy of the clients in each bin of a per-client quantity, per setting,
     averaged over seeds. per_client(run) -> values [K]; bins: (column name, values -> mask).
     Cells: "accuracy % (clients in the bin, mean over seeds)". Also written to DIR/out_name."""
-    from fedjax_semi.results.report import grouped_runs  # report re-exports this module's tables
-
     accs: dict[str, list[np.ndarray]] = defaultdict(list)
     sizes: dict[str, list[np.ndarray]] = defaultdict(list)
     for label, rs in grouped_runs(root).items():

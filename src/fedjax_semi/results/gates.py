@@ -62,6 +62,45 @@ class Gates:
 FLAGS = ("--gate-chance-margin", "--gate-collapse", "--gate-local-margin")
 
 
+def add_gate_flags(ap) -> None:
+    """The gates' flags on an argparse parser (fedjax-semi-report, gates_rows); the values stay
+    text until `gates_from_args` checks them."""
+    ap.add_argument(
+        "--gate-chance-margin",
+        metavar="M",
+        default=str(Gates.chance_margin),
+        help="flag a row whose first metric is within M of chance, 1/K, or below "
+        f"(default {Gates.chance_margin}; docs/gates.md)",
+    )
+    ap.add_argument(
+        "--gate-collapse",
+        metavar="S",
+        default=str(Gates.collapse),
+        help="flag a row whose models put more than S of their test predictions in one class "
+        f"(pred_top_share), and more than the true labels do (default {Gates.collapse})",
+    )
+    ap.add_argument(
+        "--gate-local-margin",
+        metavar="M",
+        default=str(Gates.local_margin),
+        help="flag a row more than M below the same table's Local row (the setting that differs "
+        f"only in algorithm=local) on the first metric (default {Gates.local_margin})",
+    )
+    ap.add_argument(
+        "--no-gates",
+        action="store_true",
+        help="no sanity gates (no gates column, no list of flagged rows)",
+    )
+
+
+def gates_from_args(args) -> Gates | None:
+    """The checked thresholds of `add_gate_flags`' flags (None with --no-gates); ValueError
+    naming the first bad flag as typed."""
+    if args.no_gates:
+        return None
+    return Gates.from_flags(args.gate_chance_margin, args.gate_collapse, args.gate_local_margin)
+
+
 def _check(flag: str, value, shown: str) -> None:
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     if not (ok and 0.0 <= value <= 1.0):

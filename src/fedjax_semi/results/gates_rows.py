@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_semi.results.gates import FLAGS, Gates, judge, summary_line
+from fedjax_semi.results.gates import Gates, add_gate_flags, gates_from_args, judge, summary_line
 
 
 def cut(rows: list[dict], metric: str, budget_time: float | None, last_k: int) -> dict | None:
@@ -77,17 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-classes", type=int, default=10)
     p.add_argument("--budget-time", type=float, default=None)
     p.add_argument("--last-k", type=int, default=1)
-    for flag, default in zip(
-        FLAGS, (Gates.chance_margin, Gates.collapse, Gates.local_margin), strict=True
-    ):
-        p.add_argument(flag, default=str(default))
+    add_gate_flags(p)
     a = p.parse_args(argv)
     if a.num_classes < 2 or a.last_k < 1:
         p.error(f"--num-classes={a.num_classes} / --last-k={a.last_k}: need >= 2 / >= 1")
     try:
-        gates = Gates.from_flags(a.gate_chance_margin, a.gate_collapse, a.gate_local_margin)
+        gates = gates_from_args(a)
     except ValueError as e:
         p.error(str(e))
+    if gates is None:
+        p.error("--no-gates is not allowed: this command only applies the gates")
     for f in a.files:
         rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
         verdicts, line = flagged(rows, a.metric, a.num_classes, gates, a.budget_time, a.last_k)

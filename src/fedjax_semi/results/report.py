@@ -29,10 +29,6 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-# The per-client bin tables live in results/bins.py; importable from here as before.
-from fedjax_semi.results.bins import labeled_ratio_table as labeled_ratio_table
-from fedjax_semi.results.bins import participation_table as participation_table
-from fedjax_semi.results.bins import participations as participations
 from fedjax_semi.results.gates import Gates, judge, mechanism_names, mechanism_values, summary_line
 
 SEED_KEYS = ("seed",)

@@ -24,17 +24,17 @@ import math
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedjax_semi.errors import ConfigError, bad
+from fedjax_semi.results.tune_plan import LR, Plan, key_of, trial_id
 from fedjax_semi.results.tune_select import collect, select, write_outputs
+from fedjax_semi.tuned import run_complete
 
 __all__ = ["DEFAULT_LR_GRID", "SENSITIVE_KNOBS", "main"]
 
 DEFAULT_LR_GRID = ("0.003", "0.01", "0.03", "0.1")
-LR = "algorithm.lr"
 LAUNCHERS = ("basic", "joblib", "submitit_local", "submitit_slurm")
 _ABSENT = object()
 
@@ -68,51 +68,6 @@ SENSITIVE_KNOBS: dict[str, tuple[dict[str, Any], ...]] = {
     # DoFed-SPP (its Appendix B's sensitivity analysis): the warm-up length L.
     "dofed_spp": _each("algorithm.warmup_rounds", 5, 10),
 }
-
-
-@dataclass
-class Plan:
-    """What one tuning runs: rows x settings x grid points x seeds, and where."""
-
-    preset: str
-    rows: list[dict[str, str]]  # row key -> value (the sweep's strings)
-    settings: list[list[dict[str, str]]]  # per row: its knob settings ([{}] without --knobs)
-    grid: dict[str, list[str]]
-    seeds: list[int]
-    holdout: float
-    task_extras: list[str]  # the user's overrides of the task (constant over the trials)
-    hydra_extras: list[str]  # the user's hydra.* overrides
-    sweep_dir: Path
-    tuned_group: bool  # the preset loads conf/tuned/<preset>.yaml
-    default_metric: str  # the preset's stop.metric
-    rounds: list[int] = field(default_factory=list)  # per row
-
-    def points(self, r: int) -> list[dict[str, str]]:
-        """Row r's grid points: each knob setting with each grid value combination."""
-        keys = list(self.grid)
-        combos = itertools.product(*(self.grid[k] for k in keys))
-        grid = [dict(zip(keys, c, strict=True)) for c in combos]
-        return [{**s, **g} for s in self.settings[r] for g in grid]
-
-    def trials(self, r: int) -> list[tuple[dict[str, str], int]]:
-        return [(p, s) for p in self.points(r) for s in self.seeds]
-
-    def constant_keys(self) -> list[str]:
-        """Task keys that are the same in every trial: left out of the trial directory names."""
-        keys = ["experiment", "resume", "tuned", "partition.holdout"]
-        return keys + [_key(o) for o in self.task_extras]
-
-
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def trial_id(overrides: dict[str, str] | list[str], constant: list[str]) -> frozenset:
-    """A trial's identity: its varying overrides (what its directory name holds)."""
-    items = (
-        overrides.items() if isinstance(overrides, dict) else (o.split("=", 1) for o in overrides)
-    )
-    return frozenset((k.lstrip("+~"), v) for k, v in items if k.lstrip("+~") not in constant)
 
 
 # ----------------------------------------------------------------------------- flags
@@ -191,7 +146,7 @@ def check_flags(args: argparse.Namespace) -> dict[str, Any]:
     last_k = None if args.last_k is None else _ints("--last-k", args.last_k, 1)[0]
     if args.launcher not in LAUNCHERS:
         raise bad("--launcher", args.launcher, f"one of {list(LAUNCHERS)}")
-    presets = [o for o in args.overrides if _key(o) == "experiment" and "=" in o]
+    presets = [o for o in args.overrides if key_of(o) == "experiment" and "=" in o]
     if len(presets) != 1:
         raise bad("+experiment", presets or None, "exactly one table preset, e.g. +experiment=X")
     rows = dict(_axis("--rows", t) for t in args.rows)
@@ -237,8 +192,8 @@ def make_plan(flags: dict[str, Any], args: argparse.Namespace) -> Plan:
 
     register_configs()
     preset = flags["preset"]
-    extras = [o for o in args.overrides if _key(o) != "experiment"]
-    hydra_extras = [o for o in extras if _key(o).startswith(("hydra.", "hydra/"))]
+    extras = [o for o in args.overrides if key_of(o) != "experiment"]
+    hydra_extras = [o for o in extras if key_of(o).startswith(("hydra.", "hydra/"))]
     task_extras = [o for o in extras if o not in hydra_extras]
     base = [f"+experiment={preset}", *hydra_extras]
     try:
@@ -262,8 +217,10 @@ def make_plan(flags: dict[str, Any], args: argparse.Namespace) -> Plan:
         axes[key] = [v for v in axes[key] if v in values]
     fixed = {"seed", "resume", "out_dir", "partition.holdout", "tuned", *axes, *flags["grid"]}
     for o in task_extras:
-        if _key(o) in fixed:
-            raise bad(o, "", f"{_key(o)} is set by the tuner (--rows, --grid, --seeds, --holdout)")
+        if key_of(o) in fixed:
+            raise bad(
+                o, "", f"{key_of(o)} is set by the tuner (--rows, --grid, --seeds, --holdout)"
+            )
     tuned_group = "tuned" in cfg.hydra.runtime.choices
     plan = Plan(
         preset, [dict(zip(axes, c, strict=True)) for c in itertools.product(*axes.values())],
@@ -325,13 +282,11 @@ def scan(plan: Plan) -> dict[frozenset, Path]:
 
 
 def _done(run_dir: Path | None, rounds: int) -> bool:
-    from fedjax_semi.tuned import _complete
-
     path = None if run_dir is None else run_dir / "summary.json"
     if path is None or not path.exists():
         return False
     try:
-        return _complete(json.loads(path.read_text()), rounds, same_stop=True)
+        return run_complete(json.loads(path.read_text()), rounds, same_stop=True)
     except ValueError:
         return False
 

@@ -12,17 +12,16 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import yaml
 
-if TYPE_CHECKING:
-    from fedjax_semi.results.tune import Plan
+from fedjax_semi.results.report import cut_value
+from fedjax_semi.results.tune_plan import LR, Plan, trial_id
+from fedjax_semi.tuned import run_complete
 
 __all__ = ["Choice", "PointResult", "collect", "select", "write_outputs"]
-
-LR = "algorithm.lr"
 
 
 @dataclass
@@ -51,28 +50,19 @@ class Choice:
 
 
 def _last_k(run_dir: Path, metric: str, k: int) -> float | None:
-    """The mean of the metric over the run's last k evaluations (metrics.jsonl; a resumed
-    run's later row of a round wins)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
+    """The mean of the metric over the run's last k evaluations (report.cut_value)."""
+    if not (run_dir / "metrics.jsonl").exists():
         return None
-    rows = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            rows[row["round"]] = row
-    values = [rows[r][metric] for r in sorted(rows) if rows[r].get(metric) is not None]
-    return float(np.mean(values[-k:])) if values else None
+    cut = cut_value(run_dir, metric, last_k=k)
+    return None if cut is None else cut[0]
 
 
 def _value(run_dir: Path, rounds: int, metric: str, last_k: int | None) -> float | None:
-    from fedjax_semi.tuned import _complete
-
     path = run_dir / "summary.json"
     if not path.exists():
         return None
     summary = json.loads(path.read_text())
-    if not _complete(summary, rounds, same_stop=True):
+    if not run_complete(summary, rounds, same_stop=True):
         return None
     if "non-finite" in str(summary.get("stop_reason")):
         return math.nan
@@ -95,7 +85,6 @@ def collect(
     plan: Plan, found: dict[frozenset, Path], metric: str, last_k: int | None
 ) -> list[list[PointResult]]:
     """Per row, per grid point: the metric of each tuning seed's trial."""
-    from fedjax_semi.results.tune import trial_id
 
     const = plan.constant_keys()
     out = []

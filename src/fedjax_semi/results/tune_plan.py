@@ -1,0 +1,55 @@
+"""What one fedjax-semi-tune runs (`Plan`) and a trial's identity, shared by the search
+(results/tune.py) and the selection (results/tune_select.py)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LR = "algorithm.lr"
+
+
+@dataclass
+class Plan:
+    """What one tuning runs: rows x settings x grid points x seeds, and where."""
+
+    preset: str
+    rows: list[dict[str, str]]  # row key -> value (the sweep's strings)
+    settings: list[list[dict[str, str]]]  # per row: its knob settings ([{}] without --knobs)
+    grid: dict[str, list[str]]
+    seeds: list[int]
+    holdout: float
+    task_extras: list[str]  # the user's overrides of the task (constant over the trials)
+    hydra_extras: list[str]  # the user's hydra.* overrides
+    sweep_dir: Path
+    tuned_group: bool  # the preset loads conf/tuned/<preset>.yaml
+    default_metric: str  # the preset's stop.metric
+    rounds: list[int] = field(default_factory=list)  # per row
+
+    def points(self, r: int) -> list[dict[str, str]]:
+        """Row r's grid points: each knob setting with each grid value combination."""
+        keys = list(self.grid)
+        combos = itertools.product(*(self.grid[k] for k in keys))
+        grid = [dict(zip(keys, c, strict=True)) for c in combos]
+        return [{**s, **g} for s in self.settings[r] for g in grid]
+
+    def trials(self, r: int) -> list[tuple[dict[str, str], int]]:
+        return [(p, s) for p in self.points(r) for s in self.seeds]
+
+    def constant_keys(self) -> list[str]:
+        """Task keys that are the same in every trial: left out of the trial directory names."""
+        keys = ["experiment", "resume", "tuned", "partition.holdout"]
+        return keys + [key_of(o) for o in self.task_extras]
+
+
+def key_of(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def trial_id(overrides: dict[str, str] | list[str], constant: list[str]) -> frozenset:
+    """A trial's identity: its varying overrides (what its directory name holds)."""
+    items = (
+        overrides.items() if isinstance(overrides, dict) else (o.split("=", 1) for o in overrides)
+    )
+    return frozenset((k.lstrip("+~"), v) for k, v in items if k.lstrip("+~") not in constant)
