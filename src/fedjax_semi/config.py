@@ -394,14 +394,12 @@ def check_partition(p: PartitionConfig) -> None:
 
 def validate(cfg: Config) -> None:
     """Check every value a run needs before any data is loaded."""
+    from fedjax_semi.algorithms.registry import check_name  # imports the built-in methods
     from fedjax_semi.data.registry import dataset_names, is_known_dataset
     from fedjax_semi.models.zoo import model_names
-    from fedjax_semi.names import ALGORITHM_NAMES
 
     p, h = cfg.partition, cfg.hardware
-    if cfg.algorithm.name not in ALGORITHM_NAMES:
-        name = cfg.algorithm.name
-        raise bad("algorithm.name", name, f"one of {sorted(ALGORITHM_NAMES)}")
+    check_name(cfg.algorithm.name)
     if not is_known_dataset(cfg.dataset.name):
         raise bad("dataset.name", cfg.dataset.name, f"one of {dataset_names()} or tfds:NAME")
     if not 0 < cfg.dataset.fraction <= 1:

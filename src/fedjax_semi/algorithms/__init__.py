@@ -1,4 +1,5 @@
-"""Algorithms by name. Importing this package registers every built-in method."""
+"""Algorithms by name. Importing this package registers every built-in method; the registry
+(`registry.py`) loads the methods of other installed packages when it is first read."""
 
 from fedjax_semi.algorithms import (  # noqa: F401  (register methods)
     ada_fedsemi,
@@ -14,21 +15,13 @@ from fedjax_semi.algorithms import (  # noqa: F401  (register methods)
     pfedme,
     um_pfssl,
 )
-from fedjax_semi.algorithms.base import (
+from fedjax_semi.algorithms.base import Algorithm, FLState
+from fedjax_semi.algorithms.registry import (
     ALGORITHM_CONFIGS,
     ALGORITHMS,
-    Algorithm,
-    FLState,
     algorithm_names,
     make_algorithm,
 )
-from fedjax_semi.names import ALGORITHM_NAMES
-
-if sorted(ALGORITHMS) != sorted(ALGORITHM_NAMES):  # config validates against ALGORITHM_NAMES
-    raise RuntimeError(
-        f"fedjax_semi.names.ALGORITHM_NAMES {sorted(ALGORITHM_NAMES)} must list exactly the "
-        f"registered algorithms {sorted(ALGORITHMS)}"
-    )
 
 __all__ = [
     "ALGORITHM_CONFIGS",

@@ -24,13 +24,20 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from fedjax_semi.algorithms.registry import (  # noqa: F401  (re-exported: the registry)
+    ALGORITHM_CONFIGS,
+    ALGORITHMS,
+    algorithm_names,
+    check_config_class,
+    make_algorithm,
+    register,
+)
 from fedjax_semi.config import AlgorithmConfig, SystemsConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import select_cohort
 from fedjax_semi.engine.keys import client_key
 from fedjax_semi.engine.state import FLState
 from fedjax_semi.engine.train import LocalObjective, Schedule, local_train, make_optimizer
-from fedjax_semi.errors import bad
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
 from fedjax_semi.systems.compute import Compute
@@ -275,43 +282,3 @@ def concat_clients(results) -> dict:
     """Per-client results of several model groups (a tuple of dicts [Cg, ...]) as one [C, ...]
     dict, in group order (enough for `sanity`, which does not depend on the order)."""
     return jax.tree.map(lambda *a: jnp.concatenate(a), *results)
-
-
-ALGORITHMS: dict[str, Callable[..., Algorithm]] = {}
-# Each method's config class (stored in Hydra's ConfigStore as schema/algorithm/<name>).
-ALGORITHM_CONFIGS: dict[str, type[AlgorithmConfig]] = {}
-
-
-def register(name: str, config: type[AlgorithmConfig]):
-    """Register `factory(cfg, **kw) -> Algorithm` under `name`, with the config class it reads."""
-
-    def deco(factory):
-        ALGORITHMS[name] = factory
-        ALGORITHM_CONFIGS[name] = config
-        return factory
-
-    return deco
-
-
-def algorithm_names() -> list[str]:
-    return sorted(ALGORITHMS)
-
-
-def check_config_class(name: str, cfg: AlgorithmConfig) -> None:
-    """`algorithm.name` must be the method whose config `cfg` is (an `algorithm.name=...`
-    override on another method's option would hand a method knobs it does not read)."""
-    if name not in ALGORITHMS:
-        raise bad("algorithm.name", name, f"one of {algorithm_names()}")
-    want = ALGORITHM_CONFIGS[name]
-    if type(cfg) is not want:
-        raise bad(
-            "algorithm.name",
-            name,
-            f"the name of the selected algorithm option (its config is {type(cfg).__name__}, "
-            f"{name} reads {want.__name__}): choose the method with algorithm={name}",
-        )
-
-
-def make_algorithm(name: str, **kwargs) -> Algorithm:
-    check_config_class(name, kwargs["cfg"])
-    return ALGORITHMS[name](**kwargs)
