@@ -8,6 +8,7 @@ fedjax-semi-report DIR           mean +- std over seeds per setting, as Markdown
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import warnings
@@ -20,6 +21,48 @@ CONF_DIR = Path(os.environ.get("FEDJAX_SEMI_CONF", Path(__file__).resolve().pare
 def _fail(msg: str, code: int = 2) -> None:
     print(f"fedjax-semi: error: {msg}", file=sys.stderr)
     sys.exit(code)
+
+
+def _reject(msg: str, hc) -> None:
+    """Refuse a run before it did any work: one error line, and no run directory left behind."""
+    _remove_hydra_run_dir(hc)
+    _fail(msg)
+
+
+def _remove_hydra_run_dir(hc) -> None:
+    """Hydra makes a single run's directory, writing .hydra/ and the job's log there, before the
+    task starts (`hydra.core.utils.run_job`); a run refused removes them again, so it creates
+    nothing. Only Hydra's own files go, and only from a directory that holds nothing else (a run
+    resumed in a directory with results keeps everything); then each directory left empty, up to
+    the working directory."""
+    from hydra.types import RunMode
+
+    if hc is None or hc.mode != RunMode.RUN:  # a multirun's directory is its sweep's
+        return
+    run_dir = Path(hc.runtime.output_dir).resolve()
+    log = run_dir / f"{hc.job.name}.log"
+    ours = {log}
+    if hc.output_subdir is not None:
+        ours |= {
+            run_dir / hc.output_subdir / f for f in ("config.yaml", "hydra.yaml", "overrides.yaml")
+        }
+    if not run_dir.is_dir() or any(p not in ours for p in run_dir.rglob("*") if not p.is_dir()):
+        return
+    root = logging.getLogger()
+    for h in list(root.handlers):  # the job log's handler holds the file open
+        if isinstance(h, logging.FileHandler) and Path(h.baseFilename).resolve() == log:
+            root.removeHandler(h)
+            h.close()
+    for p in ours:
+        p.unlink(missing_ok=True)
+    for d in sorted((p for p in run_dir.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        d.rmdir()  # deepest first: empty now
+    run_dir.rmdir()
+    cwd = Path(hc.runtime.cwd).resolve()
+    for d in run_dir.parents:  # those Hydra made for it (outputs/<date>/), up to the cwd
+        if d == cwd or cwd not in d.parents or any(d.iterdir()):
+            break
+        d.rmdir()
 
 
 @contextlib.contextmanager
@@ -45,16 +88,19 @@ def _task(cfg) -> float | None:
     from hydra.types import RunMode
 
     from fedjax_semi import experiment
+    from fedjax_semi.config import SettingReplaced
     from fedjax_semi.data.registry import DatasetNotFoundError
     from fedjax_semi.engine.loop import NaNError
     from fedjax_semi.errors import ConfigError
     from fedjax_semi.results.rundir import CheckpointError, CheckpointWarning
-    from fedjax_semi.store import as_config
+    from fedjax_semi.store import as_config, check_algorithm_options
     from fedjax_semi.tuned import apply_tuned, finished_summary, given_keys, record_tuned
 
     hc = HydraConfig.get() if HydraConfig.initialized() else None
     done = None
     try:  # tuned values first: the checks below see the values the run will use
+        if hc is not None:  # the registry and the algorithm options on the search path agree
+            check_algorithm_options(hc.runtime.config_sources)
         given = given_keys(hc.overrides.task) if hc is not None else set()
         applied = apply_tuned(cfg, hc.runtime.choices if hc is not None else {}, given)
         c = as_config(cfg)
@@ -62,9 +108,10 @@ def _task(cfg) -> float | None:
         # result, without loading data; a single run resumes as ever (checkpoints checked).
         if hc is not None and hc.mode == RunMode.MULTIRUN and not c.hardware.distributed:
             done = finished_summary(c, c.out_dir or hc.runtime.output_dir)
-        exp = experiment.build(c) if done is None else None
+        with _one_line_warnings(SettingReplaced):
+            exp = experiment.build(c) if done is None else None
     except (ConfigError, DatasetNotFoundError, ValueError) as e:
-        _fail(str(e))
+        _reject(str(e), hc)
     if applied and hc is not None and hc.output_subdir is not None:
         _save_config(cfg, Path(hc.runtime.output_dir) / hc.output_subdir / "config.yaml")
     out_dir = c.out_dir or HydraConfig.get().runtime.output_dir
@@ -80,7 +127,7 @@ def _task(cfg) -> float | None:
             with _one_line_warnings(CheckpointWarning):
                 summary = experiment.run(exp, out_dir)
         except (ConfigError, CheckpointError) as e:  # resume=true on changed settings or damage
-            _fail(str(e))
+            _reject(str(e), hc)
         except NaNError as e:
             if hc is not None and hc.mode == RunMode.MULTIRUN:  # the sweep goes on
                 print(f"fedjax-semi: error: {e}", file=sys.stderr)
@@ -120,11 +167,15 @@ def _save_config(cfg, path: Path) -> None:
 def main() -> None:
     import hydra
 
+    from fedjax_semi.algorithms.registry import PluginError
     from fedjax_semi.store import register_configs
 
     if not (CONF_DIR / "config.yaml").exists():
         _fail(f"no Hydra configs at {CONF_DIR}; set FEDJAX_SEMI_CONF to the repo's conf/ folder")
-    register_configs()
+    try:  # reads the registry: the methods of other installed packages load here
+        register_configs()
+    except PluginError as e:
+        _fail(str(e))
     hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(_task)()
 
 

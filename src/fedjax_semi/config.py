@@ -10,6 +10,7 @@ raise `ConfigError` with the key, the value and what is allowed (`errors.bad`).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -390,6 +391,23 @@ def check_partition(p: PartitionConfig) -> None:
         check_holdout(p.scheme, p.holdout, p.split, p.val_fraction)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+class SettingReplaced(UserWarning):
+    """A value of the config that the method replaces with its own (the CLI: one line)."""
+
+
+def model_dropout(cfg: Config) -> float:
+    """The model's dropout rate: the method's own algorithm.model_dropout when it sets one
+    (model.dropout then 0 or the same rate), said when it replaces model.dropout."""
+    rate, own = cfg.model.dropout, cfg.algorithm.model_dropout
+    if own is None or rate == own:
+        return rate
+    if rate != 0.0:
+        raise bad("model.dropout", rate, f"0 or algorithm.model_dropout={own} (both are set)")
+    msg = f"model.dropout=0.0 is replaced by algorithm.model_dropout={own} (the rate "
+    warnings.warn(msg + f"{cfg.algorithm.name} trains with)", SettingReplaced, stacklevel=2)
+    return own
 
 
 def validate(cfg: Config) -> None:

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from fedjax_semi.algorithms import Algorithm, make_algorithm
-from fedjax_semi.config import Config, bad, parse_chunk, validate
+from fedjax_semi.config import Config, bad, model_dropout, parse_chunk, validate
 from fedjax_semi.data.federated import FederatedData, build_federated
 from fedjax_semi.data.partitions import (
     Partition,
@@ -283,6 +283,7 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
     With hardware.distributed this process first joins the others (jax.distributed), before
     anything here starts JAX."""
     validate(cfg)
+    dropout = model_dropout(cfg)
     if cfg.hardware.distributed:
         distributed.initialize()
     d = cfg.dataset
@@ -306,15 +307,6 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
     fed = build_federated(*client_views(ds, part), part, k, {**cross, **own}, labels, hidden)
     check_pool(cfg, fed)
     m = cfg.model
-    dropout = m.dropout
-    if cfg.algorithm.model_dropout is not None:
-        if m.dropout not in (0.0, cfg.algorithm.model_dropout):
-            raise bad(
-                "model.dropout",
-                m.dropout,
-                f"0 or algorithm.model_dropout={cfg.algorithm.model_dropout} (both are set)",
-            )
-        dropout = cfg.algorithm.model_dropout
     model = make_model(
         m.name,
         ds.x_train.shape[1:],

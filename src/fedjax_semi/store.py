@@ -3,17 +3,21 @@
 Each `conf/<group>/*.yaml` names its schema in its defaults list: `base_<group>`, and for an
 algorithm `/schema/algorithm/<method>@_here_`, the method's own config class, so another
 method's knob is refused. (The methods' schemas live in a group of their own so Hydra's list
-of `algorithm` options stays the methods.)
+of `algorithm` options stays the methods.) Every registered method, built-in or a plugin's, has
+an option of its name in the `algorithm` group, found on Hydra's config search path (a plugin's
+YAML comes through `hydra.searchpath` or its own SearchPathPlugin), and every option names a
+registered method: `check_algorithm_options`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
 from fedjax_semi.algorithms import ALGORITHM_CONFIGS  # importing it registers every method
-from fedjax_semi.algorithms.base import check_config_class
+from fedjax_semi.algorithms.registry import algorithm_names, check_config_class
 from fedjax_semi.config import (
     Config,
     DatasetConfig,
@@ -22,6 +26,7 @@ from fedjax_semi.config import (
     PartitionConfig,
     SystemsConfig,
 )
+from fedjax_semi.errors import ConfigError
 
 
 def register_configs() -> None:
@@ -51,3 +56,48 @@ def as_config(cfg: Any) -> Config:
         cfg = obj
     check_config_class(cfg.algorithm.name, cfg.algorithm)
     return cfg
+
+
+def algorithm_options(sources: Iterable[Any]) -> dict[str, str | None]:
+    """Each option of the `algorithm` group on Hydra's config search path, with the `name` its
+    own YAML sets (None for a variant that takes it from its defaults). `sources` are Hydra's
+    `hydra.runtime.config_sources` (schema, provider, path); the first source holding an option
+    wins, as in Hydra's composition."""
+    from hydra.core.object_type import ObjectType
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.config_source import ConfigSource
+    from omegaconf import OmegaConf
+
+    kinds = {c.scheme(): c for c in Plugins.instance().discover(ConfigSource)}
+    found: dict[str, str | None] = {}
+    for s in sources:
+        if s.schema not in kinds:
+            continue
+        src = kinds[s.schema](provider=s.provider, path=f"{s.schema}://{s.path}")
+        if not (src.available() and src.is_group("algorithm")):
+            continue
+        for opt in src.list("algorithm", results_filter=ObjectType.CONFIG):
+            if opt not in found:
+                node = OmegaConf.to_container(src.load_config(f"algorithm/{opt}").config)
+                found[opt] = node.get("name") if isinstance(node, dict) else None
+    return found
+
+
+def check_algorithm_options(sources: Iterable[Any]) -> None:
+    """The registry and the `algorithm` options agree: every registered method has an option of
+    its name, and every option that sets a `name` sets a registered one; else one line with
+    both differences."""
+    options = algorithm_options(sources)
+    names = set(algorithm_names())
+    no_yaml = sorted(names - set(options))
+    no_method = sorted(
+        f"{o} (name: {n})" for o, n in options.items() if n is not None and n not in names
+    )
+    if no_yaml or no_method:
+        raise ConfigError(
+            "the registered methods and the algorithm options on Hydra's search path differ: "
+            f"registered without an algorithm/<name>.yaml: {no_yaml}; options naming no "
+            f"registered method: {no_method} (a package's method registers through the entry "
+            "points fedjax_semi.methods, its YAML comes through hydra.searchpath or its "
+            "SearchPathPlugin)"
+        )
