@@ -49,6 +49,11 @@ def cmd_list() -> int:
         f"{pattern:<{width}}  pattern  any dataset prepared by tensorflow-datasets in "
         f"array_record format (tensorflow-datasets {state})"
     )
+    pattern = f"{registry.NPZ_PREFIX}PATH"
+    print(
+        f"{pattern:<{width}}  pattern  your own .npz file: x_train, y_train, x_test, y_test "
+        "(+ client_train, client_test); docs/datasets.md"
+    )
     return 0
 
 

@@ -8,6 +8,7 @@ No jax here: the data layer stays importable and testable without an accelerator
 from __future__ import annotations
 
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ __all__ = [
     "load_stl10",
     "load_svhn",
     "load_tfds",
+    "make_image_dataset",
 ]
 
 # load_dataset("tfds:NAME") reads a dataset prepared by tensorflow-datasets.
@@ -55,7 +57,7 @@ def _channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]
     return tuple(means), tuple(stds)
 
 
-def _make(
+def make_image_dataset(
     name: str,
     x_train: np.ndarray,
     y_train: np.ndarray,
@@ -64,6 +66,8 @@ def _make(
     num_classes: int,
     extra: dict[str, Any] | None = None,
 ) -> ArrayDataset:
+    """The read-only image dataset of checked ``uint8 [N, H, W, C]`` images and ``int`` labels
+    in ``[0, num_classes)``, with exact per-channel statistics of ``x_train / 255``."""
     for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
         if x.ndim != 4 or x.dtype != np.uint8:
             raise ValueError(f"{name}/{split}: images must be uint8 [N,H,W,C], got {x.shape}")
@@ -89,7 +93,7 @@ def _load_idx_dataset(name: str, data_dir: str | None) -> ArrayDataset:
             x = x[..., None]
         parts[f"x_{split}"] = x.astype(np.uint8, copy=False)
         parts[f"y_{split}"] = read_idx(files[lab]).astype(np.int32).reshape(-1)
-    return _make(name, num_classes=10, **parts)
+    return make_image_dataset(name, num_classes=10, **parts)
 
 
 def load_fashion_mnist(data_dir: str | None = None) -> ArrayDataset:
@@ -120,7 +124,9 @@ def load_digits(data_dir: str | None = None) -> ArrayDataset:
     for c in np.unique(y):
         idx = rng.permutation(np.flatnonzero(y == c))
         test_mask[idx[: int(round(0.2 * len(idx)))]] = True
-    return _make("digits", x[~test_mask], y[~test_mask], x[test_mask], y[test_mask], 10)
+    return make_image_dataset(
+        "digits", x[~test_mask], y[~test_mask], x[test_mask], y[test_mask], 10
+    )
 
 
 def load_cifar10(data_dir: str | None = None) -> ArrayDataset:
@@ -133,7 +139,9 @@ def load_cifar10(data_dir: str | None = None) -> ArrayDataset:
         xs.append(x)
         ys.append(labels["labels"])
     x_test, labels = images.read_cifar_batch(d / "test_batch")
-    return _make("cifar10", np.concatenate(xs), np.concatenate(ys), x_test, labels["labels"], 10)
+    return make_image_dataset(
+        "cifar10", np.concatenate(xs), np.concatenate(ys), x_test, labels["labels"], 10
+    )
 
 
 def load_cifar100(data_dir: str | None = None) -> ArrayDataset:
@@ -150,7 +158,9 @@ def load_cifar100(data_dir: str | None = None) -> ArrayDataset:
         if "fine_labels" not in labels or "coarse_labels" not in labels:
             raise ValueError(f"{d / split}: CIFAR-100 needs fine_labels and coarse_labels")
     extra = {"y_train_coarse": train["coarse_labels"], "y_test_coarse": test["coarse_labels"]}
-    return _make("cifar100", x_train, train["fine_labels"], x_test, test["fine_labels"], 100, extra)
+    return make_image_dataset(
+        "cifar100", x_train, train["fine_labels"], x_test, test["fine_labels"], 100, extra
+    )
 
 
 def load_svhn(data_dir: str | None = None, include_extra: bool = True) -> ArrayDataset:
@@ -166,7 +176,7 @@ def load_svhn(data_dir: str | None = None, include_extra: bool = True) -> ArrayD
     extra: dict[str, np.ndarray] = {}
     if include_extra and (d / "extra_32x32.mat").is_file():
         extra["x_extra"], extra["y_extra"] = images.read_svhn_mat(d / "extra_32x32.mat")
-    return _make("svhn", x_train, y_train, x_test, y_test, 10, extra)
+    return make_image_dataset("svhn", x_train, y_train, x_test, y_test, 10, extra)
 
 
 def load_stl10(data_dir: str | None = None, unlabeled: bool = True) -> ArrayDataset:
@@ -184,7 +194,7 @@ def load_stl10(data_dir: str | None = None, unlabeled: bool = True) -> ArrayData
     extra: dict[str, np.ndarray] = {}
     if unlabeled and (d / "unlabeled_X.bin").is_file():
         extra["x_unlabeled"] = images.read_stl10_images(d / "unlabeled_X.bin", mmap=True)
-    return _make("stl10", x_train, y_train, x_test, y_test, 10, extra)
+    return make_image_dataset("stl10", x_train, y_train, x_test, y_test, 10, extra)
 
 
 def load_femnist(data_dir: str | None = None) -> ArrayDataset:
@@ -207,7 +217,7 @@ def load_femnist(data_dir: str | None = None) -> ArrayDataset:
         "writer_train": np.array([index[u] for u in users_train], dtype=np.int32),
         "writer_test": np.array([index[u] for u in users_test], dtype=np.int32),
     }
-    return _make("femnist", x_train, y_train, x_test, y_test, 62, extra)
+    return make_image_dataset("femnist", x_train, y_train, x_test, y_test, 62, extra)
 
 
 # CoFED's FEMNIST public set (its Sec. 5.3): random crops of Chars74K's handwritten Kannada.
@@ -294,16 +304,24 @@ def load_kannada_crops(
     y = np.asarray(classes, np.int32)[source]
     empty_x = np.zeros((0, CROP_SIDE, CROP_SIDE, 1), np.uint8)
     extra = {"files": np.array([p.relative_to(d).as_posix() for p in files]), "source": source}
-    return _make("kannada", x, y, empty_x, np.zeros(0, np.int32), max(classes) + 1, extra)
+    return make_image_dataset(
+        "kannada", x, y, empty_x, np.zeros(0, np.int32), max(classes) + 1, extra
+    )
 
 
-def _tfds_hint(data_dir: str | None) -> str:
-    where = f"data_dir={data_dir!r}" if data_dir else "TFDS's default data dir"
+def tfds_data_dir(data_dir: str | None) -> Path:
+    """The TFDS data directory: ``data_dir``, else ``$TFDS_DATA_DIR``, else TFDS's default
+    ``~/tensorflow_datasets``."""
+    chosen = data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
+    return Path(chosen).expanduser()
+
+
+def _tfds_hint(tfds_name: str, root: Path) -> str:
+    top = tfds_name.split(":")[0].split("/")[0]
     return (
-        f"Prepare it in array_record format in {where} on a machine with network, e.g. "
-        "`tfds build NAME --file_format=array_record` (or builder.download_and_prepare("
-        "file_format='array_record')), then copy the NAME/ folder here. "
-        "fedjax-semi never downloads."
+        f"prepare it with `tfds build {tfds_name} --data_dir={root} --file_format=array_record` "
+        f"(needs network and pip install 'fedjax-semi[tfds]'; or build it elsewhere and copy "
+        f"its {top}/ folder into {root}); fedjax-semi never downloads"
     )
 
 
@@ -317,27 +335,26 @@ def load_tfds(tfds_name: str, data_dir: str | None = None) -> ArrayDataset:
 
     Raises:
       DatasetNotFoundError: tensorflow-datasets is missing, or the dataset is not prepared
-        (or not readable) in ``data_dir``.
+        (or not readable) in the data directory; one line with the `tfds build` command.
     """
     name = TFDS_PREFIX + tfds_name
-    if data_dir:
-        root = Path(data_dir).expanduser()
-        if not root.is_dir():
-            raise DatasetNotFoundError(
-                f"dataset.data_dir={str(root)!r} does not exist or is not a directory "
-                f"(dataset {name!r}).\n{_tfds_hint(data_dir)}"
-            )
-        data_dir = str(root)
-        # TFDS keeps NAME[/CONFIG]/VERSION/ under data_dir; checking NAME first gives a clear
-        # message and keeps TFDS from creating empty variant folders there.
-        folder = root / tfds_name.split(":")[0].split("/")[0]
-        if not folder.is_dir():
-            err = DatasetNotFoundError(
-                f"dataset {name!r} not found: no folder {folder} (a prepared TFDS dataset).\n"
-                f"{_tfds_hint(data_dir)}"
-            )
-            err.looked_in = (folder,)
-            raise err
+    root = tfds_data_dir(data_dir)
+    if data_dir and not root.is_dir():
+        raise DatasetNotFoundError(
+            f"dataset.data_dir={str(root)!r} does not exist or is not a directory "
+            f"(dataset {name!r}); {_tfds_hint(tfds_name, root)}"
+        )
+    # TFDS keeps NAME[/CONFIG]/VERSION/ under the data dir; checking NAME first gives a clear
+    # message, needs no TFDS import and keeps TFDS from creating empty variant folders there.
+    folder = root / tfds_name.split(":")[0].split("/")[0]
+    if not folder.is_dir():
+        err = DatasetNotFoundError(
+            f"dataset.name={name!r}: not prepared in the TFDS data dir {str(root)!r} (no "
+            f"folder {folder}); {_tfds_hint(tfds_name, root)}"
+        )
+        err.looked_in = (folder,)
+        raise err
+    data_dir = str(root)
     try:
         arrays, num_classes = images.read_tfds(tfds_name, data_dir)
     except ImportError as e:
@@ -347,8 +364,8 @@ def load_tfds(tfds_name: str, data_dir: str | None = None) -> ArrayDataset:
         ) from e
     except Exception as e:  # TFDS raises many types for "not prepared"
         raise DatasetNotFoundError(
-            f"dataset {name!r} could not be read by tfds.data_source "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}).\n"
-            f"{_tfds_hint(data_dir)}"
+            f"dataset.name={name!r}: not prepared in array_record format in {str(root)!r} "
+            f"(tfds.data_source: {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); {_tfds_hint(tfds_name, root)}"
         ) from e
-    return _make(name, num_classes=num_classes, **arrays)
+    return make_image_dataset(name, num_classes=num_classes, **arrays)

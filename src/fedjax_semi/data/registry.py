@@ -1,9 +1,9 @@
 """The dataset registry: name -> loader, ``load_dataset`` with its in-process cache, and
 ``locate`` (where a dataset is, without loading it).
 
-The registry imports the loaders (:mod:`.image_loaders`, :mod:`.text`, :mod:`.tabular`),
-never the other way round; they share :mod:`.dataset` and :mod:`.lookup`, whose public names
-are re-exported here so callers outside the data layer need only this module.
+The registry imports the loaders (:mod:`.image_loaders`, :mod:`.text`, :mod:`.tabular`,
+:mod:`.npz`), never the other way round; they share :mod:`.dataset` and :mod:`.lookup`, whose
+public names are re-exported here so callers outside the data layer need only this module.
 """
 
 from __future__ import annotations
@@ -28,12 +28,14 @@ from fedjax_semi.data.lookup import (
     locate_idx,
     search_dirs,
 )
+from fedjax_semi.data.npz import NPZ_PREFIX, check_npz, load_npz, npz_path
 
 __all__ = [
     "DATASETS",
     "ENV_VAR",
     "FILE_SPECS",
     "LOCATORS",
+    "NPZ_PREFIX",
     "TFDS_PREFIX",
     "ArrayDataset",
     "DatasetNotFoundError",
@@ -64,9 +66,13 @@ def subsample(ds: ArrayDataset, fraction: float, seed: int) -> ArrayDataset:
         return np.sort(np.concatenate(picks))
 
     tr, te = keep(ds.y_train), keep(ds.y_test)
+    extra = dict(ds.extra)
+    for key, rows in (("writer_train", tr), ("writer_test", te)):  # natural clients' ids
+        if key in extra:
+            extra[key] = extra[key][rows]
     return dataclasses.replace(
         ds, x_train=ds.x_train[tr], y_train=ds.y_train[tr], x_test=ds.x_test[te],
-        y_test=ds.y_test[te],
+        y_test=ds.y_test[te], extra=extra,
     )  # fmt: skip
 
 
@@ -88,27 +94,45 @@ DATASETS: dict[str, Callable[..., ArrayDataset]] = {
 
 
 def dataset_names() -> list[str]:
-    """Names accepted by :func:`load_dataset` (sorted); ``tfds:NAME`` is accepted too, see
-    :func:`is_known_dataset`."""
+    """Names accepted by :func:`load_dataset` (sorted); ``tfds:NAME`` and ``npz:PATH`` are
+    accepted too, see :func:`is_known_dataset`."""
     return sorted(DATASETS)
 
 
 def is_known_dataset(name: str) -> bool:
-    """Whether :func:`load_dataset` accepts ``name``: a registered name or ``tfds:NAME``."""
+    """Whether :func:`load_dataset` accepts ``name``: a registered name, ``tfds:NAME`` or
+    ``npz:PATH``. An ``npz:`` name is checked here (:func:`~.npz.check_npz`: headers, labels
+    and client ids only), so config validation refuses a bad file before any work.
+
+    Raises:
+      ConfigError: ``npz:PATH`` whose file is missing or not in the format, in one line.
+    """
+    if name.startswith(NPZ_PREFIX):
+        check_npz(name)
+        return True
     return name in DATASETS or (name.startswith(TFDS_PREFIX) and len(name) > len(TFDS_PREFIX))
 
 
 def _loader(name: str) -> Callable[..., ArrayDataset]:
     if name.startswith(TFDS_PREFIX):
         return functools.partial(load_tfds, name[len(TFDS_PREFIX) :])
+    if name.startswith(NPZ_PREFIX):
+        return functools.partial(load_npz, name)
     return DATASETS[name]
 
 
+def _file_stamp(name: str) -> tuple[int, int] | None:
+    """(mtime ns, size) of an ``npz:`` file, so a rewritten file is loaded again."""
+    if not name.startswith(NPZ_PREFIX) or not npz_path(name).is_file():
+        return None
+    st = npz_path(name).stat()
+    return st.st_mtime_ns, st.st_size
+
+
 @functools.lru_cache(maxsize=8)
-def _load_cached(
-    name: str, data_dir: str | None, options: tuple, _env: tuple[str | None, ...]
-) -> ArrayDataset:
-    # _env is only part of the cache key: lookup depends on these environment variables.
+def _load_cached(name: str, data_dir: str | None, options: tuple, _env: tuple) -> ArrayDataset:
+    # _env is only part of the cache key: lookup depends on these environment variables (and
+    # an npz: file's stamp).
     return _loader(name)(data_dir, **dict(options))
 
 
@@ -117,22 +141,28 @@ def load_dataset(name: str, data_dir: str | None = None, **options: Any) -> Arra
     environment). ``options`` (e.g. ``vocab_size``, ``seq_len`` of text datasets) reach the
     loaders that take them; the others ignore them.
 
-    ``name`` is a registered name (:func:`dataset_names`) or ``tfds:NAME`` for a dataset
-    prepared by tensorflow-datasets (see :func:`load_tfds`).
+    ``name`` is a registered name (:func:`dataset_names`), ``tfds:NAME`` for a dataset
+    prepared by tensorflow-datasets (see :func:`load_tfds`) or ``npz:PATH`` for a user's
+    ``.npz`` file (see :mod:`.npz`).
 
     Raises:
-      ValueError: unknown ``name`` (config key ``dataset.name``).
+      ValueError: unknown ``name`` (config key ``dataset.name``); a ConfigError for an
+        ``npz:`` file not in the format.
       DatasetNotFoundError: the files were not found; the message says where it looked
         and how to get them.
     """
     if not is_known_dataset(name):
         raise ValueError(
             f"dataset.name={name!r} is not a known dataset; allowed: {dataset_names()} "
-            f"or {TFDS_PREFIX}NAME (a dataset prepared by tensorflow-datasets)"
+            f"or {TFDS_PREFIX}NAME (a dataset prepared by tensorflow-datasets) or "
+            f"{NPZ_PREFIX}PATH (your own .npz file)"
         )
     accepted = inspect.signature(_loader(name)).parameters
     opts = tuple(sorted((k, v) for k, v in options.items() if k in accepted))
-    env = tuple(os.environ.get(v) for v in (ENV_VAR, "XDG_CACHE_HOME", "HOME", "TFDS_DATA_DIR"))
+    env = (
+        *(os.environ.get(v) for v in (ENV_VAR, "XDG_CACHE_HOME", "HOME", "TFDS_DATA_DIR")),
+        _file_stamp(name),
+    )
     return _load_cached(name, str(data_dir) if data_dir else None, opts, env)
 
 
@@ -163,6 +193,8 @@ def locate(name: str, data_dir: str | None = None) -> str:
     """
     if not is_known_dataset(name):
         raise ValueError(f"dataset.name={name!r} is not known; allowed: {dataset_names()}")
+    if name.startswith(NPZ_PREFIX):
+        return str(npz_path(name))  # checked by is_known_dataset
     if name in LOCATORS:
         return LOCATORS[name](data_dir)
     load_dataset(name, data_dir)

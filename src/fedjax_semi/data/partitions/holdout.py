@@ -39,6 +39,7 @@ HOLDOUT_ROLES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]
     "iid": _GENERIC,
     "dirichlet": _GENERIC,
     "shards": _GENERIC,
+    "natural": _GENERIC,
     "subset": _DOFED,
     "normal": _DOFED,
 }

@@ -13,7 +13,7 @@ from fedjax_semi.data.partitions.common import _check, _is_int, _is_num
 __all__ = ["PAPER_DEFAULTS", "POOLED_FRACTIONS", "SCHEMES", "check_knobs"]
 
 GENERIC_SCHEMES = ("iid", "dirichlet", "shards")
-SCHEMES = (*GENERIC_SCHEMES, "subset", "normal", "cofed", "cfsl", "ada")
+SCHEMES = (*GENERIC_SCHEMES, "natural", "subset", "normal", "cofed", "cfsl", "ada")
 LABELED_MODES = ("fixed", "dirichlet")
 SPLITS = ("official", "pooled")
 POOLED_FRACTIONS = (0.7, 0.1, 0.2)  # train / val / test pools, UM-pFSSL's protocol
