@@ -313,7 +313,7 @@ def tfds_data_dir(data_dir: str | None) -> Path:
     """The TFDS data directory: ``data_dir``, else ``$TFDS_DATA_DIR``, else TFDS's default
     ``~/tensorflow_datasets``."""
     chosen = data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
-    return Path(chosen).expanduser()
+    return Path(chosen).expanduser().absolute()
 
 
 def _tfds_hint(tfds_name: str, root: Path) -> str:
