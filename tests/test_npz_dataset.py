@@ -250,6 +250,8 @@ def test_no_file_and_not_a_npz(tmp_path):
         with pytest.raises(ConfigError) as info:
             is_known_dataset(name)
         check_one_line(info.value, name, needle)
+    with pytest.raises(ConfigError, match=r"^dataset\.name='data\.npz' .*: npz:data\.npz \(your"):
+        is_known_dataset("data.npz")
     (tmp_path / "x.npz").write_text("x_train,y_train\n1,2\n")
     with pytest.raises(ConfigError) as info:
         load_dataset(f"npz:{tmp_path / 'x.npz'}")

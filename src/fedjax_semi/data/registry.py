@@ -29,6 +29,7 @@ from fedjax_semi.data.lookup import (
     search_dirs,
 )
 from fedjax_semi.data.npz import NPZ_PREFIX, check_npz, load_npz, npz_path
+from fedjax_semi.errors import bad
 
 __all__ = [
     "DATASETS",
@@ -105,11 +106,14 @@ def is_known_dataset(name: str) -> bool:
     and client ids only), so config validation refuses a bad file before any work.
 
     Raises:
-      ConfigError: ``npz:PATH`` whose file is missing or not in the format, in one line.
+      ConfigError: ``npz:PATH`` whose file is missing or not in the format, or a ``.npz``
+        path without the prefix, in one line.
     """
     if name.startswith(NPZ_PREFIX):
         check_npz(name)
         return True
+    if name.endswith(".npz") and name not in DATASETS:
+        raise bad("dataset.name", name, f"{NPZ_PREFIX}{name} (your own .npz file, with the prefix)")
     return name in DATASETS or (name.startswith(TFDS_PREFIX) and len(name) > len(TFDS_PREFIX))
 
 
