@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -81,7 +82,9 @@ def boltzmann_logits(estimates: jax.Array, psi: float | jax.Array) -> jax.Array:
     finite (0 * inf is NaN).
     """
     _check_psi(psi)
-    return jnp.asarray(psi, jnp.float32) * jnp.asarray(estimates, jnp.float32)
+    estimates = jnp.asarray(estimates, jnp.float32)
+    chex.assert_shape(estimates, (..., None))  # [..., A]: at least one axis
+    return jnp.asarray(psi, jnp.float32) * estimates
 
 
 def boltzmann_probs(estimates: jax.Array, psi: float | jax.Array) -> jax.Array:
@@ -96,7 +99,9 @@ def select_arm(key: jax.Array, state: BanditState, psi: float | jax.Array) -> ja
     """Algorithm 2 line 3: draw an arm from Eq. 18's distribution -> int32 [].
 
     One categorical draw on the logits psi * r_hat (log-sum-exp stable), with the caller's key.
+    One agent (estimates [A]); vmap over a batch of agents and keys.
     """
+    chex.assert_rank(state.estimates, 1)
     return jax.random.categorical(key, boltzmann_logits(state.estimates, psi)).astype(jnp.int32)
 
 
@@ -116,6 +121,8 @@ def update_arm(
     """
     _check_step_size(step_size)
     arm = jnp.asarray(arm, jnp.int32)
+    chex.assert_rank([state.estimates, arm, reward], [1, 0, 0])
+    chex.assert_equal_shape([state.estimates, state.counts])
     a = state.num_arms
     # Out-of-range arms (negative ones too, which .at[] would wrap) go to index A: dropped.
     arm = jnp.where((arm >= 0) & (arm < a), arm, a)

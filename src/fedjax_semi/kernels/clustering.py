@@ -10,6 +10,7 @@ cluster slots (K_max); `assign [C] int32` holds each client's cluster slot in [0
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -108,8 +109,12 @@ def bipartition_maxst(s: jax.Array, member: jax.Array) -> tuple[jax.Array, jax.A
 
 
 def cross_max(s: jax.Array, member: jax.Array, side: jax.Array) -> jax.Array:
-    """max S[i, j] over members i in side, j not in side -> [] (-inf if one part is empty)."""
+    """max S[i, j] over members i in side, j not in side -> [] (-inf if one part is empty).
+
+    S [C, C], member [C] bool, side [C] bool."""
     member, side = jnp.asarray(member, bool), jnp.asarray(side, bool)
+    c = member.shape[-1]
+    chex.assert_shape([s, member, side], [(c, c), (c,), (c,)])
     a, b = member & side, member & ~side
     return jnp.max(jnp.where(a[:, None] & b[None, :], as_float(s), -jnp.inf))
 
@@ -164,7 +169,9 @@ def cluster_mean(
     values [C, P], assign [C] int in [0, k_max), weights [C] >= 0 (0 = not participating) ->
     (mean f32 [K, P], total weight [K]). A slot with total weight 0 gets a zero mean.
     """
-    values, weights = as_float(values), as_float(weights)
+    values, weights, assign = as_float(values), as_float(weights), jnp.asarray(assign)
+    chex.assert_rank(values, 2)
+    chex.assert_shape([assign, weights], values.shape[:1])
     total = jax.ops.segment_sum(weights, assign, k_max)
     summed = jax.ops.segment_sum(weights[:, None] * values, assign, k_max)
     return summed / jnp.where(total > 0, total, 1.0)[:, None], total
@@ -172,15 +179,21 @@ def cluster_mean(
 
 def cluster_max(values: jax.Array, part: jax.Array, assign: jax.Array, k_max: int) -> jax.Array:
     """max over participating members of values (e.g. ||d_i||, Eq. 6 and 25) -> [K]; 0 for a
-    slot with no participant (norms are >= 0)."""
-    v = jnp.where(jnp.asarray(part, bool), as_float(values), -jnp.inf)
+    slot with no participant (norms are >= 0). values [C], part [C] bool, assign [C]."""
+    values, part, assign = as_float(values), jnp.asarray(part, bool), jnp.asarray(assign)
+    chex.assert_rank(values, 1)
+    chex.assert_equal_shape([values, part, assign])
+    v = jnp.where(part, values, -jnp.inf)
     m = jax.ops.segment_max(v, assign, k_max)
     return jnp.where(jnp.isfinite(m), m, 0.0)
 
 
 def cluster_size(member: jax.Array, assign: jax.Array, k_max: int) -> jax.Array:
-    """Number of flagged clients per slot: member [C] bool -> int32 [K]."""
-    return jax.ops.segment_sum(jnp.asarray(member, jnp.int32), assign, k_max)
+    """Number of flagged clients per slot: member [C] bool, assign [C] -> int32 [K]."""
+    member, assign = jnp.asarray(member, jnp.int32), jnp.asarray(assign)
+    chex.assert_rank(member, 1)
+    chex.assert_equal_shape([member, assign])
+    return jax.ops.segment_sum(member, assign, k_max)
 
 
 # ----------------------------------------------------------------------------- Eqs. 5, 6, 25
@@ -206,10 +219,16 @@ def should_split(
     point), max_norm [K] = max member update norm (Eq. 6: > eps2, some member is not). Guards:
     the slot is active and not stopped, has >= min_size members (size [K]), round_index >=
     warmup and round_index - last_split[K] >= warmup (the slot's creation or last split).
+    active [K] and stopped [K] bool; eps1, eps2 and round_index are scalars.
     """
     r = jnp.asarray(round_index, jnp.int32)
-    eqs = (as_float(mean_norm) < eps1) & (as_float(max_norm) > eps2)  # Eqs. 5 and 6
-    guards = jnp.asarray(active, bool) & ~jnp.asarray(stopped, bool) & (size >= min_size)
+    mean_norm, max_norm = as_float(mean_norm), as_float(max_norm)
+    active, stopped = jnp.asarray(active, bool), jnp.asarray(stopped, bool)
+    size, last_split = jnp.asarray(size), jnp.asarray(last_split)
+    chex.assert_rank([mean_norm, r, eps1, eps2], [1, 0, 0, 0])
+    chex.assert_equal_shape([mean_norm, max_norm, active, stopped, size, last_split])
+    eqs = (mean_norm < eps1) & (max_norm > eps2)  # Eqs. 5 and 6
+    guards = active & ~stopped & (size >= min_size)
     return eqs & guards & (r >= warmup) & (r - last_split >= warmup)
 
 
@@ -224,10 +243,13 @@ def reached_stopping_point(
 ) -> jax.Array:
     """Eq. 25, max_{i in g} ||d_i|| < eps2, per slot -> bool [K]; only for active slots whose
     members all trained this round (full [K]) and from round `warmup` on. The caller keeps the
-    flag sticky (stopped |= this)."""
+    flag sticky (stopped |= this). max_norm [K], active [K] bool; eps2, round_index scalars."""
     r = jnp.asarray(round_index, jnp.int32)
-    ok = jnp.asarray(active, bool) & jnp.asarray(full, bool) & (r >= warmup)
-    return ok & (as_float(max_norm) < eps2)  # Eq. 25
+    max_norm, active, full = as_float(max_norm), jnp.asarray(active, bool), jnp.asarray(full, bool)
+    chex.assert_rank([max_norm, r, eps2], [1, 0, 0])
+    chex.assert_equal_shape([max_norm, active, full])
+    ok = active & full & (r >= warmup)
+    return ok & (max_norm < eps2)  # Eq. 25
 
 
 def gamma_hat(delta: jax.Array, mean: jax.Array, assign: jax.Array, part: jax.Array) -> jax.Array:
@@ -237,11 +259,16 @@ def gamma_hat(delta: jax.Array, mean: jax.Array, assign: jax.Array, part: jax.Ar
     delta [C, P], mean [K, P] (`cluster_mean` over the post-split assign [C]), part [C] bool
     -> f32 [C]: 0 for non-participants, +inf where the cluster mean is 0.
     """
-    m = as_float(mean)[assign]
-    num = jnp.linalg.norm(m - as_float(delta), axis=-1)
+    delta, mean, assign = as_float(delta), as_float(mean), jnp.asarray(assign)
+    part = jnp.asarray(part, bool)
+    chex.assert_rank([delta, mean], 2)
+    chex.assert_equal_shape([delta, mean], dims=1)
+    chex.assert_shape([assign, part], delta.shape[:1])
+    m = mean[assign]
+    num = jnp.linalg.norm(m - delta, axis=-1)
     den = jnp.linalg.norm(m, axis=-1)
     g = jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), jnp.inf)
-    return jnp.where(jnp.asarray(part, bool), g, 0.0)
+    return jnp.where(part, g, 0.0)
 
 
 def gamma_check(
@@ -250,8 +277,12 @@ def gamma_check(
     """Alg. 1 lines 7-8 per parent slot: max_{i in g} gamma_i < sqrt((1 - alpha_cross) / 2).
 
     gamma [C] (`gamma_hat`), part [C] bool, assign [C] (the pre-split slots), alpha [K]
-    -> bool [K].
+    -> bool [K] (K = k_max).
     """
+    gamma, alpha = as_float(gamma), as_float(alpha)
+    part, assign = jnp.asarray(part, bool), jnp.asarray(assign)
+    chex.assert_rank(gamma, 1)
+    chex.assert_shape([part, assign, alpha], [gamma.shape, gamma.shape, (k_max,)])
     bound = jnp.sqrt(jnp.maximum(1.0 - as_float(alpha), 0.0) / 2.0)
     return cluster_max(gamma, part, assign, k_max) < bound
 
@@ -262,9 +293,13 @@ def gamma_check(
 def split_cluster(
     assign: jax.Array, k: int | jax.Array, side: jax.Array, new_id: int | jax.Array
 ) -> jax.Array:
-    """One split: members of slot k with side True move to slot new_id -> assign [C]."""
-    assign = jnp.asarray(assign)
-    move = (assign == k) & jnp.asarray(side, bool)
+    """One split: members of slot k with side True move to slot new_id -> assign [C].
+
+    assign [C], side [C] bool; k and new_id scalars."""
+    assign, side = jnp.asarray(assign), jnp.asarray(side, bool)
+    chex.assert_rank([assign, k, new_id], [1, 0, 0])
+    chex.assert_equal_shape([assign, side])
+    move = (assign == k) & side
     return jnp.where(move, jnp.asarray(new_id, assign.dtype), assign)
 
 
@@ -277,9 +312,11 @@ def allocate_children(
     Child B of slot k goes to a free (inactive) slot, lowest free slots first, granted in
     order of decreasing priority (ties: lower k); splits beyond the free slots are deferred.
     """
-    want, active = jnp.asarray(want, bool), jnp.asarray(active, bool)
+    want, active, priority = jnp.asarray(want, bool), jnp.asarray(active, bool), as_float(priority)
+    chex.assert_rank(want, 1)
+    chex.assert_equal_shape([want, priority, active])
     k = want.shape[0]
-    order = jnp.argsort(jnp.where(want, -as_float(priority), jnp.inf), stable=True)
+    order = jnp.argsort(jnp.where(want, -priority, jnp.inf), stable=True)
     rank = jnp.zeros(k, jnp.int32).at[order].set(jnp.arange(k, dtype=jnp.int32))
     free = jnp.argsort(active, stable=True)  # inactive slots first, ascending
     granted = want & (rank < jnp.sum(~active))
@@ -292,9 +329,12 @@ def apply_splits(
     """All granted splits at once: client i of slot k moves to new_id[k] iff granted[k] and
     side[k, i]. assign [C], side [K, C] bool (vmapped bipartitions), granted [K], new_id [K]
     -> assign [C]."""
-    assign = jnp.asarray(assign)
-    c = assign.shape[0]
-    move = jnp.asarray(granted, bool)[assign] & jnp.asarray(side, bool)[assign, jnp.arange(c)]
+    assign, side, granted = jnp.asarray(assign), jnp.asarray(side, bool), jnp.asarray(granted, bool)
+    new_id = jnp.asarray(new_id)
+    chex.assert_rank(assign, 1)
+    c, k = assign.shape[0], granted.shape[0]
+    chex.assert_shape([side, granted, new_id], [(k, c), (k,), (k,)])
+    move = granted[assign] & side[assign, jnp.arange(c)]
     return jnp.where(move, new_id[assign].astype(assign.dtype), assign)
 
 
@@ -316,7 +356,9 @@ def adjusted_rand_index(
     undefined when both labelings are a single cluster (or fewer than two clients count);
     it is 1 then if they agree, as sklearn's `adjusted_rand_score` returns.
     """
-    m = jnp.asarray(mask, jnp.float32)
+    m, found, truth = jnp.asarray(mask, jnp.float32), jnp.asarray(found), jnp.asarray(truth)
+    chex.assert_rank(m, 1)
+    chex.assert_equal_shape([found, truth, m])
     a = jax.nn.one_hot(found, num_found, dtype=jnp.float32) * m[:, None]  # [C, Kf]
     b = jax.nn.one_hot(truth, num_truth, dtype=jnp.float32) * m[:, None]  # [C, Kt]
     table = jnp.matmul(a.T, b, precision=_HI)  # [Kf, Kt] contingency counts
@@ -336,6 +378,10 @@ def cluster_recovery(
     that stopped (stopped [K]), and, where the partition built latent groups (group [C] int,
     evaluation only), `cluster_ari`: the adjusted Rand index of the clients' slots (assign [C])
     against them."""
+    chex.assert_rank([assign, active], 1)
+    chex.assert_equal_shape([active, stopped])
+    if group is not None:
+        chex.assert_equal_shape([assign, group])
     out = {"stopped_cluster_share": jnp.sum(stopped & active) / jnp.sum(active)}
     if group is not None:
         c, k = assign.shape[0], active.shape[0]

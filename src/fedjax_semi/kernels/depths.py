@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -26,16 +27,24 @@ KMEANS_MAX_ITER = 100  # Alg. 3's loop runs "while the assignment is changing"; 
 def capability(load: Any, size: Any, t_cp: Any, t_cm: Any) -> tuple[jax.Array, jax.Array]:
     """Eqs. 24-25: compute speed psi_hat = Pi_{k-1,m} / t^cp_{k-1,m} and bandwidth
     gamma_hat = Omega_{k-1,m} / t^cm_{k-1,m}, from the training load Pi and the bytes Omega of
-    the sub-model each client trained last round and its reported times. float32 [M] each."""
-    f = lambda v: jnp.asarray(v, jnp.float32)
-    return f(load) / f(t_cp), f(size) / f(t_cm)
+    the sub-model each client trained last round and its reported times. t_cp, t_cm [M]; load,
+    size [M], or [] when every client trained the same sub-model -> float32 [M] each."""
+    load, size, t_cp, t_cm = (jnp.asarray(v, jnp.float32) for v in (load, size, t_cp, t_cm))
+    chex.assert_rank([load, size, t_cp], [{0, 1}, {0, 1}, 1])
+    chex.assert_shape([t_cm, *(v for v in (load, size) if v.ndim)], t_cp.shape)
+    return load / t_cp, size / t_cm
 
 
 def full_model_time(load_full: Any, size_full: Any, psi_hat: Any, gamma_hat: Any) -> jax.Array:
     """Eq. 23: t_hat = Pi / psi_hat + Omega / gamma_hat, the time a client would need to train
-    and exchange the full model (load Pi, bytes Omega). float32 [M]."""
-    f = lambda v: jnp.asarray(v, jnp.float32)
-    return f(load_full) / f(psi_hat) + f(size_full) / f(gamma_hat)
+    and exchange the full model (load Pi, bytes Omega): psi_hat, gamma_hat [M], load_full and
+    size_full [] (or [M]) -> float32 [M]."""
+    load, size, psi, gamma = (
+        jnp.asarray(v, jnp.float32) for v in (load_full, size_full, psi_hat, gamma_hat)
+    )
+    chex.assert_rank([load, size, psi], [{0, 1}, {0, 1}, 1])
+    chex.assert_shape([gamma, *(v for v in (load, size) if v.ndim)], psi.shape)
+    return load / psi + size / gamma
 
 
 # ----------------------------------------------------------------------------- Algorithm 3
@@ -51,7 +60,9 @@ def kmeans_1d(
     the mean of its members, an empty cluster keeping its centroid. Returns (cluster int32 [M]:
     each client's nearest final centroid, unselected ones too; centroids float32 [L];
     iterations int32 [])."""
-    t = jnp.asarray(t, jnp.float32)
+    t, mask = jnp.asarray(t, jnp.float32), jnp.asarray(mask, bool)
+    chex.assert_rank([t, init], 1)
+    chex.assert_equal_shape([t, mask])
     num = init.shape[0]
 
     def nearest(c):
@@ -83,7 +94,10 @@ def cluster_depths(
     train H^1, the fastest the full model H^L) -> each client's depth int32 [M] (0: not in
     mask). An empty cluster counts as the slowest, so the fastest clients always train H^L.
     min_rel_gap (None: off, the paper): a cluster whose centroid is within that fraction of
-    the next faster one's takes its depth (near-identical clients train the same sub-model)."""
+    the next faster one's takes its depth (near-identical clients train the same sub-model).
+    cluster int [M], centroids [L], mask bool [M]."""
+    chex.assert_rank([cluster, centroids], 1)
+    chex.assert_equal_shape([cluster, mask])
     num = centroids.shape[0]
     member = (cluster[:, None] == jnp.arange(num)[None, :]) & mask[:, None]
     empty = ~jnp.any(member, axis=0)
@@ -100,7 +114,11 @@ def cluster_depths(
 
 
 def within_sse(t: jax.Array, mask: jax.Array, cluster: jax.Array, centroids: jax.Array):
-    """Within-cluster sum of squared distances over the clients in mask -> float32 []."""
+    """Within-cluster sum of squared distances over the clients in mask -> float32 [].
+
+    t [M], mask bool [M], cluster int [M], centroids [L]."""
+    chex.assert_rank([t, centroids], 1)
+    chex.assert_equal_shape([t, mask, cluster])
     return jnp.sum(jnp.where(mask, jnp.square(t - centroids[cluster]), 0.0))
 
 
@@ -125,6 +143,8 @@ def assign_depths(
         raise bad("algorithm.min_rel_gap", min_rel_gap, "a fraction >= 0, or null (off)")
     t = jnp.asarray(t_hat, jnp.float32)
     sel = jnp.asarray(sel, bool)
+    chex.assert_rank(t, 1)
+    chex.assert_equal_shape([t, sel])
     n = jnp.sum(sel)
 
     def one(k):
@@ -155,6 +175,9 @@ def layerwise_mean(
     stacked: the clients' parameters, leaves [M, ...]; weights float [M] (N_m, 0 for clients
     not selected); depth int [M]; parts: a tree like `old` of each leaf's part b (int); old:
     the global parameters. With every d_m = L it is the weighted mean over all clients."""
+    chex.assert_rank(weights, 1)
+    chex.assert_equal_shape([weights, depth])
+    chex.assert_tree_shape_prefix(stacked, weights.shape)
 
     def leaf(a, b, g):
         w = jnp.where(depth >= b, weights, 0.0)

@@ -10,6 +10,7 @@ of an `[N, M]` matrix belongs to client n, column m to its m-th downloaded model
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -33,6 +34,7 @@ def fedfomo_weights(
     w[n, m] = max(l_n(prev) - l_n(theta_m), 0) / ||.||, normalized over the valid m; a row whose
     weights are all 0 stays 0, which means "keep theta_n^prev". Returns (w [N, M], degenerate [N]).
     """
+    chex.assert_rank(jnp.asarray(loss_cross), 2)  # the shapes are checked by similarity_ratios
     return similarity_ratios(
         loss_cross,
         loss_own,
@@ -49,10 +51,14 @@ def fedfomo_weights(
 def fedfomo_raw_weights(
     loss_cross: jax.Array, loss_own: jax.Array, dist: jax.Array, *, eps: float = EPS
 ) -> jax.Array:
-    """Unclipped FedFomo weights (l_n(prev) - l_n(theta_m)) / max(||.||, eps): [N, M]."""
-    return (as_float(loss_own)[..., :, None] - as_float(loss_cross)) / jnp.maximum(
-        as_float(dist), eps
-    )
+    """Unclipped FedFomo weights (l_n(prev) - l_n(theta_m)) / max(||.||, eps): [N, M].
+
+    loss_cross [N, M], loss_own [N], dist [N, M], as `fedfomo_weights`."""
+    loss_cross, loss_own, dist = as_float(loss_cross), as_float(loss_own), as_float(dist)
+    chex.assert_rank(loss_cross, 2)
+    chex.assert_equal_shape([loss_cross, dist])
+    chex.assert_shape(loss_own, loss_cross.shape[:1])
+    return (loss_own[..., :, None] - loss_cross) / jnp.maximum(dist, eps)
 
 
 def fedfomo_affinity_update(
@@ -64,7 +70,10 @@ def fedfomo_affinity_update(
     ids [N, M] (int). Following the FedFomo reference code the raw weights are added, so a
     harmful model lowers the affinity. Slots with valid False add nothing.
     """
-    w = as_float(raw_weights)
+    w, ids = as_float(raw_weights), jnp.asarray(ids)
+    n = affinity.shape[0]
+    chex.assert_shape([affinity, w], [(n, n), (n, None)])
+    chex.assert_equal_shape([w, ids] + ([] if valid is None else [jnp.asarray(valid)]))
     if valid is not None:
         w = jnp.where(valid, w, 0.0)
     rows = jnp.arange(affinity.shape[0])[:, None]
@@ -81,6 +90,7 @@ def fedfomo_choose_downloads(
     own model.
     """
     n = affinity.shape[0]
+    chex.assert_shape(affinity, (n, n))
     if not 1 <= m <= n - 1:
         raise ValueError(f"m={m!r} is not allowed: an int in [1, N - 1] = [1, {n - 1}]")
     check_number("epsilon", epsilon, lambda v: (v >= 0) & (v <= 1), "a number in [0, 1]")

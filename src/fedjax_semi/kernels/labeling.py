@@ -15,6 +15,7 @@ the caller checks them before tracing.
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -70,6 +71,7 @@ def threshold(
     p = concrete(phi)
     if p is not None and (p.shape != () or np.isnan(p)):
         raise bad("algorithm.phi", phi, "a number (0 accepts every eligible sample, > 1 none)")
+    chex.assert_rank(phi, 0)  # traced phi: concrete() could not check it
     pseudo_y = jnp.argmax(probs, axis=-1).astype(jnp.int32)
     conf = jnp.max(probs, axis=-1)
     return pseudo_y, (conf >= phi) & jnp.asarray(eligible, bool)
@@ -82,8 +84,9 @@ def correct_count(probs: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.A
     """Samples where argmax p(x) equals the label, per worker: probs [C, N, Y], labels [C, N]
     int, mask [C, N] bool (e.g. worker i's labeled set D_i^l) -> int32 [C]. One model's row of
     the `correct_counts [K, C]` that `accuracy_utility` takes (lax.map over the K models)."""
-    probs = as_float(probs)
+    probs, labels = as_float(probs), jnp.asarray(labels)
     _check_probs(probs, mask, "mask")
+    chex.assert_shape(labels, probs.shape[:2])
     hit = (jnp.argmax(probs, axis=-1) == labels) & jnp.asarray(mask, bool)
     return jnp.sum(hit, axis=-1, dtype=jnp.int32)
 
@@ -166,6 +169,8 @@ def keep_better(
     """
     bu, bt, bp = best
     u, t = as_float(utility_m), as_float(tiebreak_m)
+    chex.assert_rank(probs_m, 3)
+    chex.assert_shape([bu, bt, u, t, bp], [probs_m.shape[:1]] * 4 + [probs_m.shape])
     better = (u > bu) | ((u == bu) & (t > bt))
     return (
         jnp.where(better, u, bu),
@@ -224,8 +229,10 @@ def accumulate_ensemble(alpha_m: jax.Array, probs_m: jax.Array, acc: jax.Array) 
     [C, N, Y] rather than [K, C, N, Y]. Terms with alpha = 0 add exactly 0, so an inactive
     slot's outputs (even NaN from never-trained params) cannot leak into the ensemble.
     """
-    probs_m, acc = as_float(probs_m), as_float(acc)
-    alpha_m = as_float(alpha_m)[:, None, None]
+    probs_m, acc, alpha_m = as_float(probs_m), as_float(acc), as_float(alpha_m)
+    chex.assert_rank(probs_m, 3)
+    chex.assert_shape([alpha_m, acc], [probs_m.shape[:1], probs_m.shape])
+    alpha_m = alpha_m[:, None, None]
     return acc + jnp.where(alpha_m != 0, alpha_m * probs_m, 0.0)
 
 
@@ -246,6 +253,7 @@ def labeling_accuracy(
         "accepted.shape", jnp.shape(accepted), jnp.shape(pseudo_y), "the shape of pseudo_y"
     )
     _check_shape("true_y.shape", jnp.shape(true_y), jnp.shape(pseudo_y), "the shape of pseudo_y")
+    chex.assert_rank(jnp.asarray(pseudo_y), 2)
     ok = jnp.asarray(accepted, bool)
     correct = jnp.sum(ok & (jnp.asarray(pseudo_y) == jnp.asarray(true_y)), dtype=jnp.int32)
     n = jnp.sum(ok, dtype=jnp.int32)

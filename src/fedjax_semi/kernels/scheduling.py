@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -83,8 +84,14 @@ def select_workers(
         raise bad("algorithm.k_per_cluster", k, "an int >= 0")
     assign = jnp.asarray(assign, jnp.int32)
     stopped = jnp.asarray(stopped, bool)
+    chex.assert_rank([assign, stopped], 1)
     c, num_k = assign.shape[0], stopped.shape[0]
     member = jnp.ones(c, bool) if member is None else jnp.asarray(member, bool)
+    k = jnp.asarray(k, jnp.int32)
+    chex.assert_shape(member, (c,))
+    chex.assert_rank(k, {0, 1})
+    if k.ndim:
+        chex.assert_shape(k, (num_k,))
     if scheme == "all":
         return member
     if scheme == "greedy":
@@ -93,9 +100,10 @@ def select_workers(
         keys = (jnp.asarray(last_selected),)
     else:
         keys = (jax.random.uniform(key, (c,)),)
+    chex.assert_shape(keys, (c,))
     # Non-members go to an extra segment K so they never use up a cluster's k slots.
     slot = jnp.where(member, jnp.clip(assign, 0, num_k - 1), num_k)
     rank = _segment_rank_keys(keys, slot, num_k + 1)
-    k_of = jnp.broadcast_to(jnp.asarray(k, jnp.int32), (num_k,))[slot.clip(0, num_k - 1)]
+    k_of = jnp.broadcast_to(k, (num_k,))[slot.clip(0, num_k - 1)]
     in_stopped = stopped[slot.clip(0, num_k - 1)]
     return member & (~in_stopped | (rank < k_of))

@@ -4,6 +4,7 @@ REPLACEHELPER; docs/choices.md, UM-pFSSL A18, A19, A23)."""
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -13,13 +14,15 @@ def sample_excluding(key: jax.Array, excluded: jax.Array, k: int) -> jax.Array:
 
     excluded bool [S, K] -> ids int32 [S, k]. Rows need at least k allowed ids.
     """
+    chex.assert_rank(excluded, 2)
     g = jax.random.gumbel(key, excluded.shape)
     _, ids = jax.lax.top_k(jnp.where(excluded, -jnp.inf, g), k)
     return ids.astype(jnp.int32)
 
 
 def lowest_mask(values: jax.Array, r: int) -> jax.Array:
-    """bool [S, M]: the r lowest entries of each row (ties to the lower index)."""
+    """values [S, M] -> bool [S, M]: the r lowest entries of each row (ties to the lower index)."""
+    chex.assert_rank(values, 2)
     order = jnp.argsort(values, axis=-1, stable=True)
     ranks = jnp.argsort(order, axis=-1, stable=True)
     return ranks < r
@@ -35,6 +38,8 @@ def merge_best(
     Equivalent to Alg. 2's greedy swap: sort candidates descending and incumbents ascending and
     swap while the candidate's Corr is strictly greater (docs/choices.md, UM-pFSSL A18).
     """
+    chex.assert_rank(inc_ids, 2)
+    chex.assert_equal_shape([inc_ids, inc_corr, cand_ids, cand_corr])
     r = inc_ids.shape[-1]
     ids = jnp.concatenate([inc_ids, cand_ids], axis=-1)
     corr = jnp.concatenate([inc_corr, cand_corr], axis=-1)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
@@ -36,6 +37,7 @@ DEGENERATE_RULES = ("keep_previous", "uniform", "zeros")
 
 def flatten_clients(params: PyTree) -> jax.Array:
     """Stacked per-client pytree (leaves lead with [N]) -> f32 [N, P], leaves in tree order."""
+    chex.assert_equal_shape_prefix(jax.tree.leaves(params), 1)
     flat = jax.vmap(lambda t: ravel_pytree(t)[0])(params)
     return flat.astype(jnp.float32)
 
@@ -72,6 +74,8 @@ def cross_evaluate(
     `lax.map` over providers (`batch_size` of them vmapped at once), vmap over consumers, so
     memory holds one provider's evaluation of all consumers at a time.
     """
+    chex.assert_equal_shape_prefix(jax.tree.leaves(providers), 1)
+    chex.assert_equal_shape_prefix(jax.tree.leaves(data), 1)
     per_provider = jax.lax.map(
         lambda p: jax.vmap(lambda d: fn(p, d))(data), providers, batch_size=batch_size
     )
@@ -80,6 +84,9 @@ def cross_evaluate(
 
 def set_diagonal(matrix: jax.Array, diag: jax.Array) -> jax.Array:
     """matrix [..., N, N] with its diagonal replaced by diag [..., N] (a mask, so vmap-friendly)."""
+    n = matrix.shape[-1]
+    chex.assert_shape(matrix, (..., n, n))
+    chex.assert_shape(diag, matrix.shape[:-1])
     eye = jnp.eye(matrix.shape[-1], dtype=bool)
     return jnp.where(eye, diag[..., :, None], matrix)
 
@@ -93,6 +100,8 @@ def sr_distances(
     reciprocal model rec[n] on it, so d[n, n] is one round of local progress and positive
     (docs/choices.md, DoFed-SPP A2).
     """
+    chex.assert_rank(cache, 2)
+    chex.assert_equal_shape([cache, rec, rec_prev])
     dist = pairwise_distances(cache, rec_prev, batch_size=batch_size)
     own = jnp.linalg.norm(rec.astype(jnp.float32) - rec_prev.astype(jnp.float32), axis=-1)
     return set_diagonal(dist, own)
@@ -161,10 +170,13 @@ def similarity_ratios(
         raise ValueError(
             f"sr_prev.shape={jnp.shape(sr_prev)} is not allowed: must equal {loss_cross.shape}"
         )
+    if valid is not None:
+        valid = jnp.asarray(valid, bool)
+        chex.assert_shape(valid, loss_cross.shape)
 
     allowed = jnp.ones(loss_cross.shape, bool)
     if valid is not None:
-        allowed = allowed & jnp.asarray(valid, bool)
+        allowed = allowed & valid
     if exclude_self:
         allowed = allowed & ~jnp.eye(n, dtype=bool)
 
@@ -203,6 +215,8 @@ def topb_mask(sr: jax.Array, chosen: jax.Array, b: int | jax.Array) -> jax.Array
 
     sr [N, N], chosen [N] bool -> bool [N, N] with min(b, |chosen|) ones per row.
     """
+    n = sr.shape[-1]
+    chex.assert_shape([sr, chosen], [(n, n), (n,)])
     masked = jnp.where(chosen[None, :], sr, -jnp.inf)
     rank = jnp.argsort(jnp.argsort(-masked, axis=-1, stable=True), axis=-1, stable=True)
     return (rank < b) & chosen[None, :]
@@ -217,9 +231,10 @@ def colsum_select(sr: jax.Array, k: int | jax.Array) -> tuple[jax.Array, jax.Arr
     """The K = B fast path: top-k providers by column sum (ties to the lower index).
 
     While |U| < B every greedy gain is a column sum, so greedy with K = B is exactly this, and
-    it is optimal. Returns (chosen [N] bool, x [N, N] bool = chosen in every row, value).
+    it is optimal. sr [N, N] -> (chosen [N] bool, x [N, N] bool = chosen in every row, value).
     """
     n = sr.shape[-1]
+    chex.assert_shape(sr, (n, n))
     _check_k_b(k, k, n)
     colsum = jnp.sum(sr, axis=0)
     rank = jnp.argsort(jnp.argsort(-colsum, stable=True), stable=True)
@@ -349,6 +364,10 @@ def upload_to_cache(
     Leaves of cache and rec lead with [N]; chosen [N] bool. cache_round [N] int (optional) is
     set to round_index where chosen. Returns (cache, cache_round).
     """
+    chex.assert_rank(chosen, 1)
+    chex.assert_tree_shape_prefix((cache, rec), chosen.shape)
+    if cache_round is not None:
+        chex.assert_equal_shape([chosen, cache_round])
 
     def put(c, r):
         mask = chosen.reshape(chosen.shape + (1,) * (c.ndim - 1))
@@ -373,8 +392,10 @@ def labeling_weights(
     uniform weights over its selected models (docs/choices.md, DoFed-SPP A4).
     Returns (W [N, M], degenerate [N] bool).
     """
-    x = jnp.asarray(x, bool)
-    w = jnp.where(x, as_float(sr), 0.0)
+    x, sr = jnp.asarray(x, bool), as_float(sr)
+    chex.assert_rank(x, 2)
+    chex.assert_equal_shape([x, sr])
+    w = jnp.where(x, sr, 0.0)
     total = jnp.sum(w, axis=-1, keepdims=True)
     is_degenerate = total[..., 0] <= 0.0
     uniform = x / jnp.maximum(jnp.sum(x, axis=-1, keepdims=True), 1).astype(w.dtype)
@@ -391,6 +412,8 @@ def selected_slots(
     x [N, M] bool, weights [N, M] -> (ids int32 [N, b] ascending, w [N, b], valid [N, b]).
     Unused slots (rows with fewer than b ones) point at provider 0 with weight 0, valid False.
     """
+    chex.assert_rank(x, 2)
+    chex.assert_equal_shape([x, weights])
     m = x.shape[-1]
     if not 1 <= b <= m:
         raise ValueError(f"b={b!r} is not allowed: an int in [1, M] = [1, {m}]")
@@ -410,10 +433,12 @@ def soft_vote(probs: jax.Array, weights: jax.Array, *, from_logits: bool = False
     (S = B gathered slots, or S = N with zero weights for unused providers). from_logits applies
     a softmax first.
     """
-    p = as_float(probs)
+    p, weights = as_float(probs), as_float(weights)
+    chex.assert_rank(p, 4)
+    chex.assert_shape(weights, p.shape[:2])
     if from_logits:
         p = jax.nn.softmax(p, axis=-1)
-    return jnp.einsum("ns,nsdq->ndq", as_float(weights).astype(p.dtype), p)
+    return jnp.einsum("ns,nsdq->ndq", weights.astype(p.dtype), p)
 
 
 def pseudo_labels(
@@ -436,6 +461,10 @@ def student_targets(
     y_pl, mask_u [N, Du]; y_l, mask_l [N, Dl] -> (labels int32 [N, Du + Dl], mask [N, Du + Dl]),
     in the order of concat(x_u, x_l). Rebuilt from scratch every round.
     """
+    chex.assert_rank([y_pl, y_l], 2)
+    chex.assert_equal_shape([y_pl, mask_u])
+    chex.assert_equal_shape([y_l, mask_l])
+    chex.assert_equal_shape([y_pl, y_l], dims=0)
     labels = jnp.concatenate([y_pl.astype(jnp.int32), y_l.astype(jnp.int32)], axis=-1)
     mask = jnp.concatenate([jnp.asarray(mask_u, bool), jnp.asarray(mask_l, bool)], axis=-1)
     return labels, mask
@@ -447,5 +476,7 @@ def labeling_accuracy(y_pl: jax.Array, y_true: jax.Array, mask: jax.Array) -> ja
     y_true is the hidden, evaluation-only label; a client with no valid entry scores 0.
     """
     mask = jnp.asarray(mask, bool)
+    chex.assert_rank(mask, 2)
+    chex.assert_equal_shape([y_pl, y_true, mask])
     hits = jnp.sum((y_pl == y_true) & mask, axis=-1)
     return hits / jnp.maximum(jnp.sum(mask, axis=-1), 1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -45,6 +46,9 @@ def mc_logits(
         raise ValueError(
             f"algorithm.mc_bn_mode={bn_mode!r} is not allowed: one of ['running', 'batch']"
         )
+    chex.assert_shape(x, (None, ...))  # [N, ...]
+    if mask is not None:
+        chex.assert_shape(mask, x.shape[:1])
     module, batch = model.module, bn_mode == "batch"
     if batch and mask is None:
         mask = jnp.ones(x.shape[0], bool)
@@ -81,6 +85,7 @@ def predictive_entropy(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
     logits [T, N, NC] -> (p_bar [N, NC], h [N]) with h = -sum_c p_bar log p_bar in [0, log NC].
     This is the total predictive entropy, not BALD's mutual information.
     """
+    chex.assert_rank(logits, 3)
     t, nc = logits.shape[0], logits.shape[-1]
     log_p = jax.nn.logsumexp(jax.nn.log_softmax(logits.astype(jnp.float32), -1), axis=0)
     log_p = log_p - jnp.log(t)
@@ -103,6 +108,9 @@ def mc_predict(
     num_samples = 0 is the deterministic network (dropout off, BatchNorm on its running
     statistics whatever bn_mode), as one sample. bn_mode, mask: as in `mc_logits`.
     """
+    chex.assert_shape(x, (None, ...))  # [N, ...]
+    if mask is not None:
+        chex.assert_shape(mask, x.shape[:1])
     if num_samples == 0:
         logits = model.apply(variables, x)[0].astype(jnp.float32)
         return predictive_entropy(logits[None])
@@ -128,6 +136,7 @@ def mc_predict_rows(
     key fold_in(key, b), so results depend on the block size but not on the padding.
     bn_mode "batch": BatchNorm's batch is the block's valid rows (of at most `block`).
     """
+    chex.assert_rank([idx, count], [1, 0])
     n = idx.shape[0]
     block = min(block, n)
     nb = -(-n // block)
@@ -180,6 +189,9 @@ def relation_metric(
     H in [0, Nu]). eps: floor of H in the reciprocal. A term over an empty set is 0 (A13 there).
     Returns corr, h_bar and acc.
     """
+    chex.assert_rank([ent_u, p_bar_s, y_s, mu], [1, 2, 1, 0])
+    chex.assert_equal_shape([ent_u, mask_u])
+    chex.assert_equal_shape([p_bar_s, y_s, mask_s], dims=0)
     n_u, n_s = jnp.sum(mask_u), jnp.sum(mask_s)
     h_bar = jnp.sum(jnp.where(mask_u, ent_u, 0.0)) / jnp.log(num_classes)
     if reduction == "mean":
@@ -229,6 +241,7 @@ def pair_stats(
     Returns corr, h_bar, acc, p_bar_u [Nu, NC] (zero on padding) and ent_u [Nu] (+inf on
     padding, so a padded row never wins an argmin).
     """
+    chex.assert_rank([unl_idx, unl_count, lab_idx, lab_count, mu], [1, 0, 1, 0, 0])
     mask_u = jnp.arange(unl_idx.shape[0]) < unl_count
     mask_s = jnp.arange(lab_idx.shape[0]) < lab_count
     ku, ks = jax.random.split(key)
@@ -258,6 +271,8 @@ def aggregation_weights(corr: jax.Array, valid: jax.Array) -> jax.Array:
     Proportional to Corr over valid slots; uniform over valid slots when they all have ~0 Corr
     (docs/choices.md, UM-pFSSL A13).
     """
+    chex.assert_rank(corr, 2)
+    chex.assert_equal_shape([corr, valid])
     w = jnp.where(valid, corr, 0.0)
     total = jnp.sum(w, axis=-1, keepdims=True)
     uniform = valid / jnp.maximum(jnp.sum(valid, axis=-1, keepdims=True), 1)
@@ -270,6 +285,8 @@ def personalized_average(weights: jax.Array, helpers: PyTree) -> PyTree:
     Applies to every variable, BatchNorm running statistics included (docs/choices.md,
     UM-pFSSL A21).
     """
+    chex.assert_rank(weights, 2)
+    chex.assert_tree_shape_prefix(helpers, weights.shape)
     return jax.tree.map(lambda a: jnp.einsum("sm,sm...->s...", weights.astype(a.dtype), a), helpers)
 
 
@@ -286,6 +303,8 @@ def helper_pseudo_labels(
     default; `hard` gives one-hot labels (docs/choices.md, UM-pFSSL A14). confidence is the
     chosen helper's top MC-mean probability either way.
     """
+    chex.assert_rank([p_bar, ent, valid], [4, 3, 2])
+    chex.assert_shape([ent, valid], [p_bar.shape[:3], p_bar.shape[:2]])
     masked = jnp.where(valid[:, :, None], ent, jnp.inf)
     chosen = jnp.argmin(masked, axis=1)  # [S, Nu]; argmin returns the first minimum
     y_hat = jnp.take_along_axis(p_bar, chosen[:, None, :, None], axis=1)[:, 0]

@@ -11,6 +11,7 @@ clients' hard predictions as global class ids (negative = padding, no vote).
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -46,6 +47,7 @@ def vote_counts(
         )
     (c, m), k = preds.shape, owns.shape[1]
     w = jnp.ones(c, jnp.float32) if weights is None else jnp.asarray(weights, jnp.float32)
+    chex.assert_shape(w, (c,))
     # A masked sum, not w @ owns: an accelerator's default matmul precision could round w.
     total = jnp.sum(jnp.where(owns, w[:, None], 0.0), axis=0)
     # Scatter-add, so no [C, M, K] one-hot; index K is out of range and dropped (padding).
@@ -66,6 +68,8 @@ def vote_ratio(count: jax.Array, total: jax.Array) -> jax.Array:
     divisor an opaque [M, K] array and the division elementwise.
     """
     count, total = jnp.asarray(count, jnp.float32), jnp.asarray(total, jnp.float32)
+    chex.assert_rank(count, 2)
+    chex.assert_shape(total, count.shape[1:])
     safe = jnp.where(total > 0, total, 1.0)
     den = jax.lax.optimization_barrier(jnp.broadcast_to(safe, count.shape))
     return jnp.where(total > 0, count / den, 0.0)
@@ -82,8 +86,9 @@ def threshold_votes(
     which matters for "ge" at alpha = 0. alpha may be traced.
     """
     check_choice("algorithm.threshold_op", threshold_op, THRESHOLD_OPS)
-    ratio = vote_ratio(count, total)
+    ratio = vote_ratio(count, total)  # checks count [M, K] and total [K]
     alpha = jnp.asarray(alpha, jnp.float32)
+    chex.assert_rank(alpha, 0)
     passed = ratio > alpha if threshold_op == "gt" else ratio >= alpha
     return passed & (count > 0) & (total > 0)[None, :]
 
@@ -133,6 +138,8 @@ def distribute(
     """
     check_choice("algorithm.conflict", conflict, CONFLICTS)
     accept, owns = jnp.asarray(accept, bool), jnp.asarray(owns, bool)
+    chex.assert_rank([accept, owns], 2)
+    chex.assert_equal_shape([accept, owns], dims=1)
     if conflict == "max_ratio":
         if count is None or total is None:
             raise ValueError("conflict='max_ratio' needs count and total (from vote_counts)")
@@ -162,6 +169,8 @@ def pseudo_label_counts(accept: jax.Array, keep: jax.Array) -> dict[str, jax.Arr
     monotone (non-increasing) in alpha.
     """
     accept, keep = jnp.asarray(accept, bool), jnp.asarray(keep, bool)
+    chex.assert_rank([accept, keep], 2)
+    chex.assert_axis_dimension(keep, 1, accept.shape[0])
     return {
         "sum_pk": jnp.sum(accept, dtype=jnp.int32),
         "union_pk": jnp.sum(jnp.any(accept, axis=-1), dtype=jnp.int32),
@@ -180,6 +189,7 @@ def class_maps(owns: jax.Array, kmax: int | None = None) -> tuple[jax.Array, jax
              g2l int32 [C, K]: local id of global k, -1 where k is not in Y_i).
     """
     owns = jnp.asarray(owns, bool)
+    chex.assert_rank(owns, 2)
     k = owns.shape[-1]
     kmax = k if kmax is None else kmax
     concrete_owns = concrete(owns)  # traced owns: the width is the caller's responsibility
@@ -200,6 +210,8 @@ def masked_argmax(logits: jax.Array, owns: jax.Array) -> jax.Array:
     The same as a |Y_i|-way head's argmax mapped to global ids; ties go to the lowest owned
     class (even at -inf), and a row with no owned class gets -1 (no vote). -> int32 [...].
     """
+    chex.assert_shape(logits, (..., None))  # [..., K]
+    chex.assert_is_broadcastable(jnp.shape(owns), jnp.shape(logits))
     owns = jnp.broadcast_to(jnp.asarray(owns, bool), jnp.shape(logits))
     best = jnp.max(jnp.where(owns, logits, -jnp.inf), axis=-1, keepdims=True)
     idx = jnp.argmax(owns & (logits == best), axis=-1).astype(jnp.int32)
