@@ -13,6 +13,7 @@ import json
 import math
 from pathlib import Path
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,11 +46,6 @@ BASE = [
 
 def build(*extra: str):
     return experiment.build(compose_config(*BASE, *extra))
-
-
-def assert_same_tree(a, b, msg=""):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=msg)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +106,7 @@ def test_fedsemi_with_c_one_is_fedavg_p_bit_for_bit():
         assert a["val_acc"] == a["val_acc_half"]  # nothing trained on the server
         for key in ("val_acc", "accuracy", "train_loss", "round_time_s", "cum_cost"):
             assert a[key] == b[key], key
-    assert_same_tree(sa[-1].global_vars, sb[-1].global_vars)
+    chex.assert_trees_all_equal(sa[-1].global_vars, sb[-1].global_vars)
     assert bool(sa[-1].extra["has_pl"]) and not bool(sb[-1].extra["has_pl"])
 
 
@@ -160,8 +156,8 @@ def test_validation_set_never_trains(fixed, ada):
     states, rows = run(runner, 2)
     with swapped_data(runner, corrupt_server_labels(fixed.fed, "server_val", visible=True)) as r:
         bad_states, bad_rows = run(r, 2, r.alg.init(jax.random.PRNGKey(0), r.fed))
-    assert_same_tree(states[-1].global_vars, bad_states[-1].global_vars)
-    assert_same_tree(states[-1].extra["teacher"], bad_states[-1].extra["teacher"])
+    chex.assert_trees_all_equal(states[-1].global_vars, bad_states[-1].global_vars)
+    chex.assert_trees_all_equal(states[-1].extra["teacher"], bad_states[-1].extra["teacher"])
     assert rows[-1]["val_acc"] != bad_rows[-1]["val_acc"]
     assert rows[-1]["accuracy"] == bad_rows[-1]["accuracy"]
 
@@ -169,7 +165,7 @@ def test_validation_set_never_trains(fixed, ada):
     states, _ = run(runner, 1)
     with swapped_data(runner, corrupt_server_labels(ada.fed, "server_val", visible=True)) as r:
         bad_states, _ = run(r, 1, r.alg.init(jax.random.PRNGKey(0), r.fed))
-    assert_same_tree(states[1].global_vars, bad_states[1].global_vars)
+    chex.assert_trees_all_equal(states[1].global_vars, bad_states[1].global_vars)
     assert not np.array_equal(states[1].extra["u_prev"], bad_states[1].extra["u_prev"])
 
 
@@ -179,8 +175,8 @@ def test_hidden_pool_labels_change_only_the_pseudo_label_accuracy(fixed):
     bad_fed = corrupt_server_labels(fixed.fed, "server_unlabeled", visible=False)
     with swapped_data(runner, bad_fed) as r:
         bad_states, bad_rows = run(r, 2)
-    assert_same_tree(states, bad_states)
-    assert_same_tree(rows, bad_rows)  # every metric the round reports, the evaluation's too
+    chex.assert_trees_all_equal(states, bad_states)
+    chex.assert_trees_all_equal(rows, bad_rows)  # every metric of the round and the evaluation
     acc = pseudo_label_accuracy(rows[-1]["pl_index"], rows[-1]["pl_label"], fixed.fed.eval_y)
     bad = pseudo_label_accuracy(rows[-1]["pl_index"], rows[-1]["pl_label"], bad_fed.eval_y)
     assert acc is not None and acc != bad  # the only number that reads them

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -214,19 +215,6 @@ def np_kmeans(t, mask, init, cap=depths.KMEANS_MAX_ITER):
     return nearest(c), c, it
 
 
-def test_kmeans_matches_numpy():
-    rng = np.random.default_rng(0)
-    for _ in range(10):
-        t = rng.uniform(10, 100, 20)
-        mask = rng.random(20) < 0.7
-        init = np.sort(rng.choice(t[mask], L, replace=False))[::-1]
-        a, c, it = depths.kmeans_1d(jnp.asarray(t), jnp.asarray(mask), jnp.asarray(init))
-        ra, rc, rit = np_kmeans(t, mask, init)
-        np.testing.assert_array_equal(np.asarray(a)[mask], ra[mask])
-        np.testing.assert_allclose(c, rc, rtol=1e-5)
-        assert int(it) == rit
-
-
 def test_alg3_fixed_example_and_its_other_optimum():
     """Acceptance 21(b): t_hat = [10, 11, 12, 50, 52, 100], centroids from (100, 50, 11):
     {10, 11, 12} -> H^3, {50, 52} -> H^2, {100} -> H^1. From (12, 11, 10) Lloyd stops in
@@ -357,11 +345,6 @@ FIXED = ["algorithm.adaptive_p=false", "algorithm.adaptive_c=false", "algorithm.
          "algorithm.fixed_c=0.0"]  # fmt: skip
 
 
-def assert_same_tree(a, b):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
 @pytest.fixture(scope="module")
 def hetero():
     return experiment.build(compose_config(*BASE, *FIXED))
@@ -490,8 +473,8 @@ def test_hidden_pool_labels_change_only_the_pseudo_label_accuracy(hetero, runner
     bad_fed = corrupt_server_labels(hetero.fed, "server_unlabeled", visible=False)
     with swapped_data(runner, bad_fed) as r:
         bad_states, bad_rows = run(r, 3, r.alg.init(jax.random.PRNGKey(0), r.fed))
-    assert_same_tree(states, bad_states)
-    assert_same_tree(rows, bad_rows)
+    chex.assert_trees_all_equal(states, bad_states)
+    chex.assert_trees_all_equal(rows, bad_rows)
     acc = pseudo_label_accuracy(rows[-1]["pl_index"], rows[-1]["pl_label"], hetero.fed.eval_y)
     bad = pseudo_label_accuracy(rows[-1]["pl_index"], rows[-1]["pl_label"], bad_fed.eval_y)
     assert acc is not None and acc != bad
@@ -502,8 +485,8 @@ def test_validation_set_never_trains(hetero, runner1, hetero_rows):
     states, rows = hetero_rows
     with swapped_data(runner, corrupt_server_labels(hetero.fed, "server_val", visible=True)) as r:
         bad_states, bad_rows = run(r, 3, r.alg.init(jax.random.PRNGKey(0), r.fed))
-    assert_same_tree(states[-1].global_vars, bad_states[-1].global_vars)
-    assert_same_tree(states[-1].extra["teacher"], bad_states[-1].extra["teacher"])
+    chex.assert_trees_all_equal(states[-1].global_vars, bad_states[-1].global_vars)
+    chex.assert_trees_all_equal(states[-1].extra["teacher"], bad_states[-1].extra["teacher"])
     assert rows[-1]["val_acc"] != bad_rows[-1]["val_acc"]
     assert rows[-1]["accuracy"] == bad_rows[-1]["accuracy"]
 
@@ -551,3 +534,21 @@ def test_bad_config_is_one_line(overrides, key):
     with pytest.raises(ConfigError) as e:
         experiment.build(compose_config(*BASE, *overrides))
     assert str(e.value).startswith(key + "=") and "\n" not in str(e.value)
+
+
+class TestAgainstNumPy(chex.TestCase):
+    """Alg. 3's k-means jitted and op by op (chex variants) against NumPy."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_kmeans_matches_numpy(self):
+        kmeans = self.variant(depths.kmeans_1d)
+        rng = np.random.default_rng(0)
+        for _ in range(10):
+            t = rng.uniform(10, 100, 20)
+            mask = rng.random(20) < 0.7
+            init = np.sort(rng.choice(t[mask], L, replace=False))[::-1]
+            a, c, it = kmeans(jnp.asarray(t), jnp.asarray(mask), jnp.asarray(init))
+            ra, rc, rit = np_kmeans(t, mask, init)
+            np.testing.assert_array_equal(np.asarray(a)[mask], ra[mask])
+            np.testing.assert_allclose(c, rc, rtol=1e-5)
+            assert int(it) == rit

@@ -4,6 +4,7 @@ labels, and the warm-up."""
 
 from __future__ import annotations
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -209,12 +210,8 @@ def test_pl_threshold_keeps_confident_pseudo_labels(tiny):
             assert r["pl_kept"] == pytest.approx(shares[-1], abs=1e-6)
         return np.asarray(shares)
 
-    def same(a, b):
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
     zero, zero_rows = run("algorithm.pl_threshold=0.0")
-    same(states[-1], zero[-1])
+    chex.assert_trees_all_equal(states[-1], zero[-1])
     everyone = [np.mean(unl[np.asarray(r["cohort"])] > 0) for r in zero_rows]
     np.testing.assert_allclose(kept_share(zero_rows), everyone, atol=1e-6)
 
@@ -224,9 +221,9 @@ def test_pl_threshold_keeps_confident_pseudo_labels(tiny):
     }
     for _, rows in dropped.values():
         assert (kept_share(rows) == 0).all()
-    same(dropped["soft"][0][-1], dropped["hard"][0][-1])
+    chex.assert_trees_all_equal(dropped["soft"][0][-1], dropped["hard"][0][-1])
     with pytest.raises(AssertionError):  # ...while dropping them does change training
-        same(states[-1].client_vars, dropped["soft"][0][-1].client_vars)
+        chex.assert_trees_all_equal(states[-1].client_vars, dropped["soft"][0][-1].client_vars)
 
     _, half_rows = run("algorithm.pl_threshold=0.5")
     assert 0 < kept_share(half_rows).mean() < np.mean(everyone)
