@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl.testing import parameterized
 
 from fedjax_semi.errors import ConfigError
 from fedjax_semi.kernels import ada_schedule as sc
@@ -57,18 +59,42 @@ def test_arm_grids_and_integer_participant_counts():
 # ----------------------------------------------------------------------------- Eq. 18
 
 
-def test_boltzmann_probs_match_numpy_softmax():
-    rng = np.random.default_rng(0)
-    q = rng.normal(size=(3, 10)).astype(np.float32)
-    for psi in (0.0, 0.3, 1.0, 5.0):
-        p = np.asarray(bd.boltzmann_probs(q, psi))
-        want = np.stack([softmax_reference(row, psi) for row in q])
-        np.testing.assert_allclose(p, want, rtol=1e-5, atol=1e-7)
-        np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-6)
-    np.testing.assert_allclose(bd.boltzmann_probs(q[0], 0.0), np.full(10, 0.1), rtol=1e-6)
-    # Large psi * r_hat: no overflow, the argmax takes (almost) everything.
-    big = np.asarray(bd.boltzmann_probs(jnp.asarray([0.0, 100.0, 99.0]), 50.0))
-    assert np.all(np.isfinite(big)) and big[1] == pytest.approx(1.0)
+class TestAgainstNumPy(chex.TestCase):
+    """Eqs. 17-18 jitted and op by op (chex variants) against the NumPy references above."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_boltzmann_probs_match_numpy_softmax(self):
+        probs = self.variant(bd.boltzmann_probs)
+        rng = np.random.default_rng(0)
+        q = rng.normal(size=(3, 10)).astype(np.float32)
+        for psi in (0.0, 0.3, 1.0, 5.0):
+            p = np.asarray(probs(q, psi))
+            want = np.stack([softmax_reference(row, psi) for row in q])
+            np.testing.assert_allclose(p, want, rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-6)
+        np.testing.assert_allclose(probs(q[0], 0.0), np.full(10, 0.1), rtol=1e-6)
+        # Large psi * r_hat: no overflow, the argmax takes (almost) everything.
+        big = np.asarray(probs(jnp.asarray([0.0, 100.0, 99.0]), 50.0))
+        assert np.all(np.isfinite(big)) and big[1] == pytest.approx(1.0)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(0.1, 0.5, None)
+    def test_updates_match_numpy_reference(self, beta):
+        rng = np.random.default_rng(2)
+        arms = rng.integers(0, 6, size=40)
+        rewards = rng.normal(size=40).astype(np.float32)
+
+        @self.variant
+        def run(arms, rewards):
+            def step(s, x):
+                return bd.update_arm(s, x[0], x[1], beta), None
+
+            return jax.lax.scan(step, bd.bandit_init(6, 0.5), (arms, rewards))[0]
+
+        state = run(jnp.asarray(arms, jnp.int32), jnp.asarray(rewards))
+        q, n = updates_reference(6, arms, rewards, beta, q0=0.5)
+        np.testing.assert_allclose(state.estimates, q, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(state.counts, n)
 
 
 def test_selection_frequencies_match_probs_chi_square():
@@ -101,25 +127,6 @@ def test_select_arm_is_deterministic_in_the_key():
 
 
 # ----------------------------------------------------------------------------- Eq. 17
-
-
-@pytest.mark.parametrize("beta", [0.1, 0.5, None])
-def test_updates_match_numpy_reference(beta):
-    rng = np.random.default_rng(2)
-    arms = rng.integers(0, 6, size=40)
-    rewards = rng.normal(size=40).astype(np.float32)
-
-    @jax.jit
-    def run(arms, rewards):
-        def step(s, x):
-            return bd.update_arm(s, x[0], x[1], beta), None
-
-        return jax.lax.scan(step, bd.bandit_init(6, 0.5), (arms, rewards))[0]
-
-    state = run(jnp.asarray(arms, jnp.int32), jnp.asarray(rewards))
-    q, n = updates_reference(6, arms, rewards, beta, q0=0.5)
-    np.testing.assert_allclose(state.estimates, q, rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(state.counts, n)
 
 
 def test_update_changes_only_the_pulled_arm_by_beta_times_error():

@@ -3,10 +3,12 @@ section 7, acceptance checks 10-12)."""
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl.testing import parameterized
 
 from fedjax_semi.errors import ConfigError
 from fedjax_semi.kernels import labeling as lb
@@ -16,8 +18,6 @@ C, N, Y, K = 6, 9, 5, 4
 # relative tolerance means nothing there, so compare with an absolute one a few float32 ulps
 # of 1 wide.
 ATOL = 1e-6
-
-threshold = jax.jit(lb.threshold)  # phi traced: one compile for the whole grid
 
 
 def softmax_np(logits):
@@ -78,27 +78,6 @@ def weights_ref(u, active, mode, temp=0.1):
 # ----------------------------------------------------------------------------- check 10
 
 
-def test_threshold_matches_reference_and_phi_grid():
-    rng = np.random.default_rng(0)
-    probs = random_probs(rng, C, N)
-    eligible = rng.random((C, N)) < 0.7
-    cover = []
-    for phi in np.linspace(0.0, 1.0, 21):
-        y, ok = threshold(probs, phi, eligible)
-        y_ref, ok_ref = threshold_ref(probs, np.float32(phi), eligible)
-        assert y.dtype == jnp.int32 and ok.dtype == jnp.bool_
-        np.testing.assert_array_equal(y, y_ref)  # label = argmax, accepted or not
-        np.testing.assert_array_equal(ok, ok_ref)
-        assert not np.asarray(ok)[~eligible].any()  # labeled / padding never accepted
-        cover.append(np.asarray(ok).sum() / eligible.sum())
-    assert np.all(np.diff(cover) <= 0)  # coverage non-increasing in phi
-    assert cover[0] == 1.0 and 0.0 < cover[10] < 1.0  # the grid does vary
-    _, ok0 = threshold(probs, 0.0, eligible)
-    np.testing.assert_array_equal(ok0, eligible)  # phi = 0: every eligible sample
-    for phi in (1.0 + 1e-6, 1.5):
-        assert not np.asarray(threshold(probs, phi, eligible)[1]).any()  # phi > 1: none
-
-
 def test_threshold_boundary_and_ties():
     # max prob exactly phi is accepted (>=), one float32 ulp above is not.
     probs = np.array([[[0.5, 0.25, 0.25], [0.2, 0.4, 0.4]]], np.float32)
@@ -125,57 +104,7 @@ def test_threshold_vmap_over_models_and_bad_args():
         lb.threshold(probs[0], 0.6, eligible[:, :-1])
 
 
-def test_pass1_statistics_match_reference():
-    rng = np.random.default_rng(2)
-    probs = random_probs(rng, C, N)
-    labels = rng.integers(0, Y, (C, N))
-    labels[:, :3] = probs[:, :3].argmax(-1)  # some hits guaranteed
-    mask = rng.random((C, N)) < 0.6
-    mask[-1] = False  # a worker with no masked sample
-    hits = (probs.argmax(-1) == labels) & mask
-    np.testing.assert_array_equal(lb.correct_count(probs, labels, mask), hits.sum(-1))
-    conf = np.where(mask, probs.max(-1), 0).sum(-1) / np.maximum(mask.sum(-1), 1)
-    got = jax.jit(lb.mean_confidence)(probs, mask)
-    np.testing.assert_allclose(got, conf, rtol=1e-6, atol=ATOL)
-    assert float(got[-1]) == 0.0
-
-
 # ----------------------------------------------------------------------------- check 11
-
-
-def test_accuracy_utility_matches_reference():
-    rng = np.random.default_rng(3)
-    counts = rng.integers(0, 7, C)
-    counts[0] = 0  # a worker with no labeled sample
-    correct = rng.integers(0, 7, (K, C)) % (counts + 1)
-    active = np.array([True, False, True, True])
-    u = jax.jit(lb.accuracy_utility)(correct, counts, active)
-    ref = utility_ref(correct, counts, active)
-    assert u.dtype == jnp.float32
-    np.testing.assert_array_equal(np.isneginf(u), np.isneginf(ref))
-    fin = np.isfinite(ref)
-    np.testing.assert_allclose(np.asarray(u)[fin], ref[fin], rtol=1e-6, atol=ATOL)
-    np.testing.assert_array_equal(np.asarray(u)[active, 0], 0.0)
-    # equal accuracies from different counts are bitwise equal (so they tie in best_model)
-    u2 = lb.accuracy_utility(np.array([[1, 2]]), np.array([3, 6]), np.array([True]))
-    assert float(u2[0, 0]) == float(u2[0, 1])
-
-
-def test_best_model_matches_lexicographic_reference():
-    rng = np.random.default_rng(4)
-    best = jax.jit(lb.best_model)
-    for trial in range(20):
-        # values from small sets, so ties on utility and on the tiebreak are frequent
-        u = rng.choice([0.0, 0.5, 1.0], (K, C)).astype(np.float32)
-        t = rng.choice([0.2, 0.7], (K, C)).astype(np.float32)
-        active = rng.random(K) < 0.7
-        active[trial % K] = True
-        u_in = np.where(active[:, None], u, 10.0)  # inactive entries large: must be ignored
-        got = np.asarray(best(u_in, t, active))
-        np.testing.assert_array_equal(got, best_ref(u, t, active))
-        assert got.dtype == np.int32 and active[got].all()
-        z = np.asarray(jax.nn.one_hot(got, K))
-        assert np.all(z.sum(-1) == 1) and not z[:, ~active].any()  # one-hot, active only
 
 
 def test_best_model_tie_rules_and_no_epsilon_sum():
@@ -236,23 +165,6 @@ def test_best_model_vmap_over_edges():
 # ----------------------------------------------------------------------------- check 12
 
 
-@pytest.mark.parametrize("mode", ["proportional", "softmax"])
-def test_ensemble_weights_match_reference(mode):
-    rng = np.random.default_rng(7)
-    active = np.array([True, False, True, True])
-    u = rng.random((K, C)).astype(np.float32)
-    u[:, 0] = 0.0  # all-zero utility: proportional falls back to uniform
-    u[1] = 100.0  # inactive slot with a large entry before masking
-    alpha = jax.jit(lb.ensemble_weights, static_argnames="mode")(u, active, mode=mode)
-    ref = weights_ref(u, active, mode)
-    assert alpha.shape == (C, K) and alpha.dtype == jnp.float32
-    np.testing.assert_allclose(alpha, ref, rtol=1e-5, atol=ATOL)
-    assert np.all(np.asarray(alpha) >= 0)
-    np.testing.assert_array_equal(np.asarray(alpha)[:, ~active], 0.0)
-    np.testing.assert_allclose(np.asarray(alpha).sum(-1), 1.0, atol=ATOL)
-    np.testing.assert_allclose(alpha[0, active], 1 / 3, atol=ATOL)  # uniform over active
-
-
 def test_ensemble_weights_take_accuracy_utility_and_bad_args():
     u = lb.accuracy_utility(np.array([[1, 0], [2, 0], [0, 0]]), np.array([2, 0]), [1, 1, 0])
     np.testing.assert_allclose(
@@ -276,25 +188,6 @@ def ensemble_scan(alpha, probs):
     return jax.lax.scan(body, acc0, (alpha.T, probs))[0]
 
 
-def test_ensemble_scan_sums_to_one_and_matches_reference():
-    rng = np.random.default_rng(8)
-    active = np.array([True, True, False, True])
-    probs = random_probs(rng, K, C, N)
-    probs[2] = np.nan  # an inactive slot's garbage output must not leak (alpha = 0 there)
-    for mode in ("proportional", "softmax"):
-        alpha = lb.ensemble_weights(rng.random((K, C)), active, mode=mode)
-        ens = jax.jit(ensemble_scan)(alpha, probs)
-        ref = np.einsum("cm,mcny->cny", np.asarray(alpha)[:, active], probs[active])
-        np.testing.assert_allclose(ens, ref, rtol=1e-5, atol=ATOL)
-        np.testing.assert_allclose(np.asarray(ens).sum(-1), 1.0, atol=1e-5)
-        y, ok = lb.threshold(ens, 0.5, np.ones((C, N), bool))  # EM: threshold the ensemble
-        np.testing.assert_array_equal(ok, ref.max(-1) >= 0.5)
-    # one-hot alpha (BM through the same path): exactly that model's probabilities
-    pick = rng.choice(np.flatnonzero(active), C)
-    ens = ensemble_scan(jax.nn.one_hot(pick, K), probs)
-    np.testing.assert_array_equal(ens, probs[pick, np.arange(C)])
-
-
 def test_accumulate_ensemble_vmap_over_chunks():
     rng = np.random.default_rng(9)
     probs = random_probs(rng, 2, C, N)  # two client chunks
@@ -305,20 +198,6 @@ def test_accumulate_ensemble_vmap_over_chunks():
 
 
 # ----------------------------------------------------------------------------- section 5.3
-
-
-def test_labeling_accuracy_matches_reference():
-    rng = np.random.default_rng(10)
-    true_y = rng.integers(0, Y, (C, N))
-    pseudo_y = np.where(rng.random((C, N)) < 0.6, true_y, (true_y + 1) % Y)
-    accepted = rng.random((C, N)) < 0.5
-    acc, correct, n = jax.jit(lb.labeling_accuracy)(pseudo_y, accepted, true_y)
-    ref_correct = int(((pseudo_y == true_y) & accepted).sum())
-    assert int(correct) == ref_correct and int(n) == int(accepted.sum())
-    assert float(acc) == pytest.approx(ref_correct / accepted.sum(), rel=1e-6)
-    assert 0 < ref_correct < accepted.sum()  # neither 0 nor 1: the pooling is exercised
-    zero = lb.labeling_accuracy(pseudo_y, np.zeros((C, N), bool), true_y)
-    assert [float(v) for v in zero] == [0.0, 0.0, 0.0]
 
 
 def test_keep_better_streamed_equals_best_model_then_gather():
@@ -341,3 +220,134 @@ def test_keep_better_streamed_equals_best_model_then_gather():
     (_, _, got), _ = jax.jit(lambda s: jax.lax.scan(visit, s, jnp.arange(k)))(start)
     choice = np.asarray(lb.best_model(u, conf, active))
     np.testing.assert_array_equal(got, np.asarray(probs)[choice, np.arange(c)])
+
+
+class TestAgainstReferences(chex.TestCase):
+    """The kernels jitted and op by op (chex variants) against the references above."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_threshold_matches_reference_and_phi_grid(self):
+        threshold = self.variant(lb.threshold)  # phi traced: one compile for the whole grid
+        rng = np.random.default_rng(0)
+        probs = random_probs(rng, C, N)
+        eligible = rng.random((C, N)) < 0.7
+        cover = []
+        for phi in np.linspace(0.0, 1.0, 21):
+            y, ok = threshold(probs, phi, eligible)
+            y_ref, ok_ref = threshold_ref(probs, np.float32(phi), eligible)
+            assert y.dtype == jnp.int32 and ok.dtype == jnp.bool_
+            np.testing.assert_array_equal(y, y_ref)  # label = argmax, accepted or not
+            np.testing.assert_array_equal(ok, ok_ref)
+            assert not np.asarray(ok)[~eligible].any()  # labeled / padding never accepted
+            cover.append(np.asarray(ok).sum() / eligible.sum())
+        assert np.all(np.diff(cover) <= 0)  # coverage non-increasing in phi
+        assert cover[0] == 1.0 and 0.0 < cover[10] < 1.0  # the grid does vary
+        _, ok0 = threshold(probs, 0.0, eligible)
+        np.testing.assert_array_equal(ok0, eligible)  # phi = 0: every eligible sample
+        for phi in (1.0 + 1e-6, 1.5):
+            assert not np.asarray(threshold(probs, phi, eligible)[1]).any()  # phi > 1: none
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_pass1_statistics_match_reference(self):
+        rng = np.random.default_rng(2)
+        probs = random_probs(rng, C, N)
+        labels = rng.integers(0, Y, (C, N))
+        labels[:, :3] = probs[:, :3].argmax(-1)  # some hits guaranteed
+        mask = rng.random((C, N)) < 0.6
+        mask[-1] = False  # a worker with no masked sample
+        hits = (probs.argmax(-1) == labels) & mask
+        np.testing.assert_array_equal(
+            self.variant(lb.correct_count)(probs, labels, mask), hits.sum(-1)
+        )
+        conf = np.where(mask, probs.max(-1), 0).sum(-1) / np.maximum(mask.sum(-1), 1)
+        got = self.variant(lb.mean_confidence)(probs, mask)
+        np.testing.assert_allclose(got, conf, rtol=1e-6, atol=ATOL)
+        assert float(got[-1]) == 0.0
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_accuracy_utility_matches_reference(self):
+        utility = self.variant(lb.accuracy_utility)
+        rng = np.random.default_rng(3)
+        counts = rng.integers(0, 7, C)
+        counts[0] = 0  # a worker with no labeled sample
+        correct = rng.integers(0, 7, (K, C)) % (counts + 1)
+        active = np.array([True, False, True, True])
+        u = utility(correct, counts, active)
+        ref = utility_ref(correct, counts, active)
+        assert u.dtype == jnp.float32
+        np.testing.assert_array_equal(np.isneginf(u), np.isneginf(ref))
+        fin = np.isfinite(ref)
+        np.testing.assert_allclose(np.asarray(u)[fin], ref[fin], rtol=1e-6, atol=ATOL)
+        np.testing.assert_array_equal(np.asarray(u)[active, 0], 0.0)
+        # equal accuracies from different counts are bitwise equal (so they tie in best_model)
+        u2 = utility(np.array([[1, 2]]), np.array([3, 6]), np.array([True]))
+        assert float(u2[0, 0]) == float(u2[0, 1])
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_best_model_matches_lexicographic_reference(self):
+        rng = np.random.default_rng(4)
+        best = self.variant(lb.best_model)
+        for trial in range(20):
+            # values from small sets, so ties on utility and on the tiebreak are frequent
+            u = rng.choice([0.0, 0.5, 1.0], (K, C)).astype(np.float32)
+            t = rng.choice([0.2, 0.7], (K, C)).astype(np.float32)
+            active = rng.random(K) < 0.7
+            active[trial % K] = True
+            u_in = np.where(active[:, None], u, 10.0)  # inactive entries large: must be ignored
+            got = np.asarray(best(u_in, t, active))
+            np.testing.assert_array_equal(got, best_ref(u, t, active))
+            assert got.dtype == np.int32 and active[got].all()
+            z = np.asarray(jax.nn.one_hot(got, K))
+            assert np.all(z.sum(-1) == 1) and not z[:, ~active].any()  # one-hot, active only
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters("proportional", "softmax")
+    def test_ensemble_weights_match_reference(self, mode):
+        rng = np.random.default_rng(7)
+        active = np.array([True, False, True, True])
+        u = rng.random((K, C)).astype(np.float32)
+        u[:, 0] = 0.0  # all-zero utility: proportional falls back to uniform
+        u[1] = 100.0  # inactive slot with a large entry before masking
+        alpha = self.variant(lb.ensemble_weights, static_argnames="mode")(u, active, mode=mode)
+        ref = weights_ref(u, active, mode)
+        assert alpha.shape == (C, K) and alpha.dtype == jnp.float32
+        np.testing.assert_allclose(alpha, ref, rtol=1e-5, atol=ATOL)
+        assert np.all(np.asarray(alpha) >= 0)
+        np.testing.assert_array_equal(np.asarray(alpha)[:, ~active], 0.0)
+        np.testing.assert_allclose(np.asarray(alpha).sum(-1), 1.0, atol=ATOL)
+        np.testing.assert_allclose(alpha[0, active], 1 / 3, atol=ATOL)  # uniform over active
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_ensemble_scan_sums_to_one_and_matches_reference(self):
+        scan = self.variant(ensemble_scan)
+        rng = np.random.default_rng(8)
+        active = np.array([True, True, False, True])
+        probs = random_probs(rng, K, C, N)
+        probs[2] = np.nan  # an inactive slot's garbage output must not leak (alpha = 0 there)
+        for mode in ("proportional", "softmax"):
+            alpha = lb.ensemble_weights(rng.random((K, C)), active, mode=mode)
+            ens = scan(alpha, probs)
+            ref = np.einsum("cm,mcny->cny", np.asarray(alpha)[:, active], probs[active])
+            np.testing.assert_allclose(ens, ref, rtol=1e-5, atol=ATOL)
+            np.testing.assert_allclose(np.asarray(ens).sum(-1), 1.0, atol=1e-5)
+            y, ok = lb.threshold(ens, 0.5, np.ones((C, N), bool))  # EM: threshold the ensemble
+            np.testing.assert_array_equal(ok, ref.max(-1) >= 0.5)
+        # one-hot alpha (BM through the same path): exactly that model's probabilities
+        pick = rng.choice(np.flatnonzero(active), C)
+        ens = scan(jax.nn.one_hot(pick, K), probs)
+        np.testing.assert_array_equal(ens, probs[pick, np.arange(C)])
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_labeling_accuracy_matches_reference(self):
+        labeling_accuracy = self.variant(lb.labeling_accuracy)
+        rng = np.random.default_rng(10)
+        true_y = rng.integers(0, Y, (C, N))
+        pseudo_y = np.where(rng.random((C, N)) < 0.6, true_y, (true_y + 1) % Y)
+        accepted = rng.random((C, N)) < 0.5
+        acc, correct, n = labeling_accuracy(pseudo_y, accepted, true_y)
+        ref_correct = int(((pseudo_y == true_y) & accepted).sum())
+        assert int(correct) == ref_correct and int(n) == int(accepted.sum())
+        assert float(acc) == pytest.approx(ref_correct / accepted.sum(), rel=1e-6)
+        assert 0 < ref_correct < accepted.sum()  # neither 0 nor 1: the pooling is exercised
+        zero = labeling_accuracy(pseudo_y, np.zeros((C, N), bool), true_y)
+        assert [float(v) for v in zero] == [0.0, 0.0, 0.0]

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import itertools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl.testing import parameterized
 
 from fedjax_semi.kernels import clustering as cl
 
@@ -62,25 +64,95 @@ def check_split(s, member, side, alpha):
 # ----------------------------------------------------------------------------- Eq. 4
 
 
-def test_cosine_matrix_vs_numpy():
-    rng = np.random.default_rng(0)
-    delta = rng.normal(size=(C, 40)).astype(np.float32) * rng.uniform(1e-3, 10, (C, 1))
-    delta[2] = 0.0  # zero update: cosine undefined -> 0 row and column
-    part = np.ones(C, bool)
-    part[5] = False
-    s = np.asarray(cosine(delta, part))
-    ref = cosine_reference(delta, part)
-    # f32 Gram over P = 40 terms: rounding ~ sqrt(P) * 6e-8 per entry, well below 1e-5.
-    np.testing.assert_allclose(s, ref, atol=1e-5, rtol=0)
-    assert np.array_equal(s, s.T) or np.allclose(s, s.T, atol=1e-7)
-    assert (np.abs(s) <= 1).all()
-    assert (s[[2, 5]] == 0).all() and (s[:, [2, 5]] == 0).all()
-    ok = part.copy()
-    ok[2] = False
-    assert (np.diag(s)[ok] == 1).all()
-    # invariant to positive rescaling of any update
-    scaled = delta * rng.uniform(0.1, 100, (C, 1)).astype(np.float32)
-    np.testing.assert_allclose(np.asarray(cosine(scaled, part)), s, atol=1e-5, rtol=0)
+class TestAgainstNumPy(chex.TestCase):
+    """The kernels jitted and op by op (chex variants) against the references above."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_cosine_matrix_vs_numpy(self):
+        cosine = self.variant(cl.cosine_matrix)
+        rng = np.random.default_rng(0)
+        delta = rng.normal(size=(C, 40)).astype(np.float32) * rng.uniform(1e-3, 10, (C, 1))
+        delta[2] = 0.0  # zero update: cosine undefined -> 0 row and column
+        part = np.ones(C, bool)
+        part[5] = False
+        s = np.asarray(cosine(delta, part))
+        ref = cosine_reference(delta, part)
+        # f32 Gram over P = 40 terms: rounding ~ sqrt(P) * 6e-8 per entry, well below 1e-5.
+        np.testing.assert_allclose(s, ref, atol=1e-5, rtol=0)
+        assert np.array_equal(s, s.T) or np.allclose(s, s.T, atol=1e-7)
+        assert (np.abs(s) <= 1).all()
+        assert (s[[2, 5]] == 0).all() and (s[:, [2, 5]] == 0).all()
+        ok = part.copy()
+        ok[2] = False
+        assert (np.diag(s)[ok] == 1).all()
+        # invariant to positive rescaling of any update
+        scaled = delta * rng.uniform(0.1, 100, (C, 1)).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(cosine(scaled, part)), s, atol=1e-5, rtol=0)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_maxst_matches_brute_force(self):
+        maxst = self.variant(cl.bipartition_maxst)
+        rng = np.random.default_rng(1)
+        for trial in range(40):
+            s = random_sym(rng, C)
+            n = 2 + trial % 7  # 2..8 members
+            member = np.zeros(C, bool)
+            member[rng.choice(C, n, replace=False)] = True
+            side, alpha = maxst(s, member)
+            assert float(alpha) == pytest.approx(brute_force(s, member), abs=0)
+            check_split(s, member, side, alpha)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_cluster_mean_max_size_vs_numpy(self):
+        k, p = 5, 7
+        cluster_mean = self.variant(cl.cluster_mean, static_argnums=2)
+        cluster_max = self.variant(cl.cluster_max, static_argnums=3)
+        cluster_size = self.variant(cl.cluster_size, static_argnums=2)
+        rng = np.random.default_rng(6)
+        values = rng.normal(size=(C, p)).astype(np.float32)
+        assign = np.array([0, 1, 1, 3, 0, 3, 3, 1])
+        part = np.array([1, 1, 0, 1, 1, 1, 0, 1], bool)
+        w = rng.uniform(1, 5, C).astype(np.float32) * part
+        mean, total = cluster_mean(values, assign, k, w)
+        mx = cluster_max(np.linalg.norm(values, axis=1), part, assign, k)
+        size = cluster_size(np.ones(C, bool), assign, k)
+        for j in range(k):
+            sel = assign == j
+            tw = w[sel].sum()
+            ref = (w[sel, None] * values[sel]).sum(0) / tw if tw > 0 else np.zeros(p)
+            np.testing.assert_allclose(np.asarray(mean[j]), ref, atol=1e-6, rtol=1e-5)
+            assert float(total[j]) == pytest.approx(tw, rel=1e-6)
+            norms = np.linalg.norm(values[sel & part], axis=1)
+            assert float(mx[j]) == pytest.approx(norms.max() if len(norms) else 0.0, rel=1e-6)
+            assert int(size[j]) == sel.sum()
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(0, 1, 2)
+    def test_adjusted_rand_index_matches_numpy(self, seed):
+        ari = self.variant(cl.adjusted_rand_index, static_argnums=(2, 3))
+        rng = np.random.default_rng(seed)
+        c = 40
+        truth = rng.integers(0, 4, c)
+        found = np.where(rng.random(c) < 0.6, truth, rng.integers(0, 6, c))  # partly recovered
+        mask = rng.random(c) < 0.8
+        got = ari(found, truth, 6, 4, mask)
+        want = _ari_numpy(found[mask], truth[mask])
+        # Values lie in about [-0.5, 1] and can be near 0: atol fits float32 sums of ~800 pairs.
+        np.testing.assert_allclose(float(got), want, rtol=1e-5, atol=1e-5)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_wrong_shapes_fail_chex_assertions(self):
+        """The documented shapes are asserted at entry, while tracing under jit."""
+        apply_splits = self.variant(cl.apply_splits)
+        assign = jnp.array([0, 0, 1, 1, 1])
+        side = jnp.zeros((2, 5), bool)  # [K, C]
+        granted, new_id = jnp.array([True, False]), jnp.array([1, -1], jnp.int32)
+        np.testing.assert_array_equal(apply_splits(assign, side, granted, new_id), assign)
+        with pytest.raises(AssertionError, match="shape"):
+            apply_splits(assign, side.T, granted, new_id)  # [C, K]
+        cluster_mean = self.variant(cl.cluster_mean, static_argnums=2)
+        with pytest.raises(AssertionError, match="shape"):
+            cluster_mean(jnp.ones((5, 3)), assign, 2, jnp.ones(4))  # weights [C - 1]
 
 
 def test_cosine_matrix_rejects_bad_shapes():
@@ -89,18 +161,6 @@ def test_cosine_matrix_rejects_bad_shapes():
 
 
 # ----------------------------------------------------------------------------- Alg. 1 bipartition
-
-
-def test_maxst_matches_brute_force():
-    rng = np.random.default_rng(1)
-    for trial in range(40):
-        s = random_sym(rng, C)
-        n = 2 + trial % 7  # 2..8 members
-        member = np.zeros(C, bool)
-        member[rng.choice(C, n, replace=False)] = True
-        side, alpha = maxst(s, member)
-        assert float(alpha) == pytest.approx(brute_force(s, member), abs=0)
-        check_split(s, member, side, alpha)
 
 
 def test_maxst_padding_neutral_and_vmap():
@@ -223,27 +283,6 @@ def test_stopping_point():
 # ----------------------------------------------------------------------------- bookkeeping
 
 
-def test_cluster_mean_max_size_vs_numpy():
-    rng = np.random.default_rng(6)
-    k, p = 5, 7
-    values = rng.normal(size=(C, p)).astype(np.float32)
-    assign = np.array([0, 1, 1, 3, 0, 3, 3, 1])
-    part = np.array([1, 1, 0, 1, 1, 1, 0, 1], bool)
-    w = rng.uniform(1, 5, C).astype(np.float32) * part
-    mean, total = cl.cluster_mean(values, assign, k, w)
-    mx = cl.cluster_max(np.linalg.norm(values, axis=1), part, assign, k)
-    size = cl.cluster_size(np.ones(C, bool), assign, k)
-    for j in range(k):
-        sel = assign == j
-        tw = w[sel].sum()
-        ref = (w[sel, None] * values[sel]).sum(0) / tw if tw > 0 else np.zeros(p)
-        np.testing.assert_allclose(np.asarray(mean[j]), ref, atol=1e-6, rtol=1e-5)
-        assert float(total[j]) == pytest.approx(tw, rel=1e-6)
-        norms = np.linalg.norm(values[sel & part], axis=1)
-        assert float(mx[j]) == pytest.approx(norms.max() if len(norms) else 0.0, rel=1e-6)
-        assert int(size[j]) == sel.sum()
-
-
 def test_split_bookkeeping_respects_capacity():
     assign = np.array([0, 0, 0, 1, 1, 1, 2, 2])
     # Slot 0 splits off {1, 2}, slot 1 off {5}, slot 2 off {7}; one free slot (3) only.
@@ -320,19 +359,6 @@ def _ari_numpy(found: np.ndarray, truth: np.ndarray) -> float:
     expected = rows * cols / comb(len(found), 2)
     top = (rows + cols) / 2
     return 1.0 if top == expected else (index - expected) / (top - expected)
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_adjusted_rand_index_matches_numpy(seed):
-    rng = np.random.default_rng(seed)
-    c = 40
-    truth = rng.integers(0, 4, c)
-    found = np.where(rng.random(c) < 0.6, truth, rng.integers(0, 6, c))  # partly recovered
-    mask = rng.random(c) < 0.8
-    got = cl.adjusted_rand_index(found, truth, 6, 4, mask)
-    want = _ari_numpy(found[mask], truth[mask])
-    # Values lie in about [-0.5, 1] and can be near 0: atol fits float32 sums of ~800 pairs.
-    np.testing.assert_allclose(float(got), want, rtol=1e-5, atol=1e-5)
 
 
 def test_adjusted_rand_index_edge_cases():

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl.testing import parameterized
 
 from fedjax_semi.errors import ConfigError
 from fedjax_semi.kernels import scheduling
@@ -60,34 +62,39 @@ def random_inputs(seed: int):
     return assign, stopped, latency, energy, last, member
 
 
-def test_segment_rank_matches_numpy():
-    for seed in range(3):
-        rng = np.random.default_rng(seed)
-        seg = rng.integers(0, 4, 30)
-        score = rng.integers(0, 5, 30).astype(np.float32)  # many ties
-        got = jax.jit(scheduling.segment_rank, static_argnums=2)(score, seg, 4)
-        assert got.dtype == jnp.int32
-        np.testing.assert_array_equal(got, reference_rank([score], seg))
-    # A hand example: ties go to the lower index.
-    got = scheduling.segment_rank(jnp.array([3.0, 1, 1, 0, 1, 5]), jnp.array([0, 1, 0, 1, 0, 2]), 3)
-    np.testing.assert_array_equal(got, [2, 1, 0, 0, 1, 0])
+class TestAgainstNumPy(chex.TestCase):
+    """The kernels jitted and op by op (chex variants) against the NumPy loops above."""
 
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_segment_rank_matches_numpy(self):
+        rank = self.variant(scheduling.segment_rank, static_argnums=2)
+        for seed in range(3):
+            rng = np.random.default_rng(seed)
+            seg = rng.integers(0, 4, 30)
+            score = rng.integers(0, 5, 30).astype(np.float32)  # many ties
+            got = rank(score, seg, 4)
+            assert got.dtype == jnp.int32
+            np.testing.assert_array_equal(got, reference_rank([score], seg))
+        # A hand example: ties go to the lower index.
+        got = rank(jnp.array([3.0, 1, 1, 0, 1, 5]), jnp.array([0, 1, 0, 1, 0, 2]), 3)
+        np.testing.assert_array_equal(got, [2, 1, 0, 0, 1, 0])
 
-@pytest.mark.parametrize("scheme", ["greedy", "round_robin"])
-@pytest.mark.parametrize("k", [1, 2])
-def test_greedy_and_round_robin_match_numpy_loop(scheme, k):
-    for seed in range(4):
-        assign, stopped, latency, energy, last, member = random_inputs(seed)
-        got = np.asarray(
-            select(scheme, assign, stopped, latency, energy, last, jax.random.key(0), k, member)
-        )
-        ref = reference_select(scheme, assign, stopped, latency, energy, last, k, member)
-        np.testing.assert_array_equal(got, ref)
-        assert not (got & ~member).any()
-        for g in range(K):
-            size = int((member & (assign == g)).sum())
-            n_sel = int((got & (assign == g)).sum())
-            assert n_sel == (min(k, size) if stopped[g] else size)
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.product(scheme=["greedy", "round_robin"], k=[1, 2])
+    def test_greedy_and_round_robin_match_numpy_loop(self, scheme, k):
+        select = self.variant(scheduling.select_workers, static_argnums=(0, 7))
+        for seed in range(4):
+            assign, stopped, latency, energy, last, member = random_inputs(seed)
+            got = np.asarray(
+                select(scheme, assign, stopped, latency, energy, last, jax.random.key(0), k, member)
+            )
+            ref = reference_select(scheme, assign, stopped, latency, energy, last, k, member)
+            np.testing.assert_array_equal(got, ref)
+            assert not (got & ~member).any()
+            for g in range(K):
+                size = int((member & (assign == g)).sum())
+                n_sel = int((got & (assign == g)).sum())
+                assert n_sel == (min(k, size) if stopped[g] else size)
 
 
 def test_greedy_picks_lowest_latency_then_energy():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,22 +37,6 @@ def np_softmax(z):
     z = z - z.max(-1, keepdims=True)
     e = np.exp(z)
     return e / e.sum(-1, keepdims=True)
-
-
-@settings(max_examples=examples(30), deadline=None)
-@given(st.integers(1, 6), st.integers(1, 5), st.integers(2, 7), st.integers(0, 10**6))
-def test_predictive_entropy_matches_numpy_and_bounds(t, n, nc, seed):
-    logits = np.random.default_rng(seed).normal(scale=3, size=(t, n, nc)).astype(np.float32)
-    p_bar, h = predictive_entropy(jnp.asarray(logits))
-    ref_p = np_softmax(logits.astype(np.float64)).mean(0)
-    ref_h = -(ref_p * np.log(ref_p)).sum(-1)
-    np.testing.assert_allclose(p_bar, ref_p, atol=1e-5)
-    np.testing.assert_allclose(h, ref_h, atol=1e-4)
-    assert np.all(np.asarray(h) >= 0) and np.all(np.asarray(h) <= np.log(nc) + 1e-6)  # AC1
-    np.testing.assert_allclose(np.asarray(p_bar).sum(-1), 1.0, atol=1e-5)
-    # AC4: the entropy of the average is at least the average entropy of the samples.
-    p_t = np_softmax(logits.astype(np.float64))
-    assert np.all(np.asarray(h) + 1e-4 >= (-(p_t * np.log(p_t)).sum(-1)).mean(0))
 
 
 def test_entropy_extremes():
@@ -97,40 +82,6 @@ def np_corr(ent_u, mask_u, p_s, y_s, mask_s, mu, nc, form, reduction="mean", eps
     acc = (p_s.argmax(-1)[mask_s] == y_s[mask_s]).mean() if n_s else 0.0
     u = (1 - mu) / max(h_bar, eps) if form == "inverse" else (1 - mu) * (1 - h_bar)
     return (u if n_u else 0.0) + (mu * acc if n_s else 0.0), h_bar, acc
-
-
-@settings(max_examples=examples(40), deadline=None)
-@given(
-    st.integers(0, 6),
-    st.integers(0, 6),
-    st.floats(0, 1),
-    st.sampled_from(["inverse", "complement"]),
-    st.sampled_from(["mean", "sum"]),
-    st.sampled_from([1e-6, 0.05]),
-    st.integers(0, 10**6),
-)
-def test_relation_metric_matches_numpy_ac5(n_u, n_s, mu, form, reduction, eps, seed):
-    rng = np.random.default_rng(seed)
-    nc, pad = 4, 3
-    ent_u = rng.uniform(0, np.log(nc), size=n_u + pad).astype(np.float32)
-    mask_u = np.arange(n_u + pad) < n_u
-    p_s = np_softmax(rng.normal(size=(n_s + pad, nc))).astype(np.float32)
-    y_s = rng.integers(0, nc, size=n_s + pad)
-    mask_s = np.arange(n_s + pad) < n_s
-    got = uncertainty.relation_metric(
-        jnp.asarray(ent_u), mask_u, jnp.asarray(p_s), y_s, mask_s, mu, nc, form, reduction, eps
-    )
-    corr, h_bar, acc = np_corr(ent_u, mask_u, p_s, y_s, mask_s, mu, nc, form, reduction, eps)
-    assert float(got["corr"]) == pytest.approx(corr, rel=1e-4, abs=1e-5)
-    assert 0 <= float(got["h_bar"]) <= (1 if reduction == "mean" else max(n_u, 1)) + 1e-5
-    if n_u and mu < 1 and form == "inverse":
-        assert float(got["corr"]) > 0
-    # Padding does not change Corr: different padding values give the same result.
-    ent_u2 = np.where(mask_u, ent_u, 123.0).astype(np.float32)
-    again = uncertainty.relation_metric(
-        jnp.asarray(ent_u2), mask_u, jnp.asarray(p_s), y_s, mask_s, mu, nc, form, reduction, eps
-    )
-    assert float(again["corr"]) == pytest.approx(float(got["corr"]))
 
 
 def test_relation_metric_limits_ac5():
@@ -194,84 +145,9 @@ def test_deterministic_acc_mode_uses_the_network_without_dropout():
         )  # fmt: skip
 
 
-@settings(max_examples=examples(30), deadline=None)
-@given(st.integers(1, 4), st.integers(1, 5), st.integers(0, 10**6))
-def test_aggregation_ac6(s, m, seed):
-    rng = np.random.default_rng(seed)
-    corr = rng.uniform(0, 3, size=(s, m)).astype(np.float32)
-    valid = rng.uniform(size=(s, m)) < 0.7
-    valid[:, 0] = True  # self is always valid
-    w = np.asarray(aggregation_weights(jnp.asarray(corr), jnp.asarray(valid)))
-    assert (w >= 0).all() and np.allclose(w.sum(-1), 1, atol=1e-6)
-    assert (w[~valid] == 0).all()
-    ref = np.where(valid, corr, 0) / np.where(valid, corr, 0).sum(-1, keepdims=True)
-    np.testing.assert_allclose(w, ref, rtol=1e-5, atol=1e-6)  # float32 weights in [0, 1]
-    helpers = {"k": rng.normal(size=(s, m, 3)).astype(np.float32)}
-    avg = personalized_average(jnp.asarray(w), helpers)["k"]
-    np.testing.assert_allclose(avg, np.einsum("sm,smd->sd", w, helpers["k"]), atol=1e-5)
-    perm = rng.permutation(m)  # permuting helper slots leaves the result unchanged
-    avg_p = personalized_average(jnp.asarray(w[:, perm]), {"k": helpers["k"][:, perm]})
-    np.testing.assert_allclose(avg_p["k"], avg, atol=1e-5)
-    same = {"k": np.repeat(helpers["k"][:, :1], m, axis=1)}  # identical models -> that model
-    np.testing.assert_allclose(
-        personalized_average(jnp.asarray(w), same)["k"], same["k"][:, 0], atol=1e-5
-    )
-
-
 def test_degenerate_weights_are_uniform():
     w = aggregation_weights(jnp.zeros((1, 3)), jnp.asarray([[True, True, False]]))
     np.testing.assert_allclose(w, [[0.5, 0.5, 0.0]])
-
-
-@settings(max_examples=examples(30), deadline=None)
-@given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 6), st.integers(0, 10**6))
-def test_pseudo_labels_ac7(s, m, nu, seed):
-    rng = np.random.default_rng(seed)
-    nc = 3
-    p_bar = np_softmax(rng.normal(size=(s, m, nu, nc))).astype(np.float32)
-    ent = rng.uniform(0, 1, size=(s, m, nu)).astype(np.float32)
-    ent[:, -1] = ent[:, 0]  # the last helper ties with self: ties must go to the lower slot
-    valid = rng.uniform(size=(s, m)) < 0.6
-    valid[:, 0] = True
-    out = helper_pseudo_labels(jnp.asarray(p_bar), jnp.asarray(ent), valid)
-    y_hat, chosen, confidence = (np.asarray(a) for a in out)
-    for a in range(s):
-        for i in range(nu):
-            masked = np.where(valid[a], ent[a, :, i], np.inf)
-            assert chosen[a, i] == int(np.argmin(masked))  # first minimum, valid only
-            np.testing.assert_allclose(y_hat[a, i], p_bar[a, chosen[a, i], i])
-            assert confidence[a, i] == pytest.approx(p_bar[a, chosen[a, i], i].max())
-    np.testing.assert_allclose(y_hat.sum(-1), 1, atol=1e-5)
-    hard, hard_chosen, hard_conf = helper_pseudo_labels(
-        jnp.asarray(p_bar), jnp.asarray(ent), valid, True
-    )
-    np.testing.assert_array_equal(np.asarray(hard), np.eye(nc)[y_hat.argmax(-1)])
-    np.testing.assert_array_equal(hard_chosen, chosen)
-    np.testing.assert_array_equal(hard_conf, confidence)  # of the soft label, before one-hot
-
-
-@settings(max_examples=examples(40), deadline=None)
-@given(st.integers(1, 4), st.integers(0, 10**6))
-def test_merge_best_equals_greedy_swap_ac10(r, seed):
-    rng = np.random.default_rng(seed)
-    inc_corr = rng.integers(0, 4, size=(1, r)).astype(np.float32)  # small ints: many ties
-    cand_corr = rng.integers(0, 4, size=(1, r)).astype(np.float32)
-    inc_ids, cand_ids = np.arange(r)[None], 100 + np.arange(r)[None]
-    ids, corr, pos = selection.merge_best(inc_ids, inc_corr, cand_ids, cand_corr)
-    new = np.asarray(pos) >= r
-    # Alg. 2: swap the best remaining candidate for the worst incumbent while strictly better
-    # (among tied incumbents the later slot goes, as top_k keeps lower indices first).
-    order = lambda p: (p[0], -p[1])
-    pool = sorted(zip(inc_corr[0], inc_ids[0], strict=True), key=order)
-    for c, cid in sorted(zip(cand_corr[0], cand_ids[0], strict=True), key=order, reverse=True):
-        if c > pool[0][0]:
-            pool[0] = (c, cid)
-            pool.sort(key=order)
-    assert sorted(np.asarray(corr[0]).tolist()) == sorted(p[0] for p in pool)
-    assert sorted(np.asarray(ids[0]).tolist()) == sorted(int(p[1]) for p in pool)
-    # The sorted Corr of the slots never decreases element by element.
-    assert (np.sort(np.asarray(corr[0])) >= np.sort(inc_corr[0])).all()
-    assert (np.asarray(ids[0])[np.asarray(new[0])] >= 100).all()
 
 
 def test_sample_excluding_never_returns_excluded():
@@ -339,3 +215,134 @@ def test_mc_bn_mode_batch_a26():
     )
     with pytest.raises(ValueError, match="algorithm.mc_bn_mode='train'"):
         uncertainty.mc_logits(mlp, w, x, keys, bn_mode="train")
+
+
+class TestAgainstNumPy(chex.TestCase):
+    """The kernels jitted and op by op (chex variants) against NumPy; each variant draws
+    about half the examples the property had before."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @settings(max_examples=examples(15), deadline=None)
+    @given(st.integers(1, 6), st.integers(1, 5), st.integers(2, 7), st.integers(0, 10**6))
+    def test_predictive_entropy_matches_numpy_and_bounds(self, t, n, nc, seed):
+        logits = np.random.default_rng(seed).normal(scale=3, size=(t, n, nc)).astype(np.float32)
+        p_bar, h = self.variant(predictive_entropy)(jnp.asarray(logits))
+        ref_p = np_softmax(logits.astype(np.float64)).mean(0)
+        ref_h = -(ref_p * np.log(ref_p)).sum(-1)
+        np.testing.assert_allclose(p_bar, ref_p, atol=1e-5)
+        np.testing.assert_allclose(h, ref_h, atol=1e-4)
+        assert np.all(np.asarray(h) >= 0) and np.all(np.asarray(h) <= np.log(nc) + 1e-6)  # AC1
+        np.testing.assert_allclose(np.asarray(p_bar).sum(-1), 1.0, atol=1e-5)
+        # AC4: the entropy of the average is at least the average entropy of the samples.
+        p_t = np_softmax(logits.astype(np.float64))
+        assert np.all(np.asarray(h) + 1e-4 >= (-(p_t * np.log(p_t)).sum(-1)).mean(0))
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @settings(max_examples=examples(20), deadline=None)
+    @given(
+        st.integers(0, 6),
+        st.integers(0, 6),
+        st.floats(0, 1),
+        st.sampled_from(["inverse", "complement"]),
+        st.sampled_from(["mean", "sum"]),
+        st.sampled_from([1e-6, 0.05]),
+        st.integers(0, 10**6),
+    )
+    def test_relation_metric_matches_numpy_ac5(self, n_u, n_s, mu, form, reduction, eps, seed):
+        rng = np.random.default_rng(seed)
+        nc, pad = 4, 3
+        ent_u = rng.uniform(0, np.log(nc), size=n_u + pad).astype(np.float32)
+        mask_u = np.arange(n_u + pad) < n_u
+        p_s = np_softmax(rng.normal(size=(n_s + pad, nc))).astype(np.float32)
+        y_s = rng.integers(0, nc, size=n_s + pad)
+        mask_s = np.arange(n_s + pad) < n_s
+        relation_metric = self.variant(uncertainty.relation_metric, static_argnums=(6, 7, 8, 9))
+        got = relation_metric(
+            jnp.asarray(ent_u), mask_u, jnp.asarray(p_s), y_s, mask_s, mu, nc, form, reduction, eps
+        )
+        corr, h_bar, acc = np_corr(ent_u, mask_u, p_s, y_s, mask_s, mu, nc, form, reduction, eps)
+        assert float(got["corr"]) == pytest.approx(corr, rel=1e-4, abs=1e-5)
+        assert 0 <= float(got["h_bar"]) <= (1 if reduction == "mean" else max(n_u, 1)) + 1e-5
+        if n_u and mu < 1 and form == "inverse":
+            assert float(got["corr"]) > 0
+        # Padding does not change Corr: different padding values give the same result.
+        ent_u2 = np.where(mask_u, ent_u, 123.0).astype(np.float32)
+        again = relation_metric(
+            jnp.asarray(ent_u2), mask_u, jnp.asarray(p_s), y_s, mask_s, mu, nc, form, reduction, eps
+        )
+        assert float(again["corr"]) == pytest.approx(float(got["corr"]))
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @settings(max_examples=examples(15), deadline=None)
+    @given(st.integers(1, 4), st.integers(1, 5), st.integers(0, 10**6))
+    def test_aggregation_ac6(self, s, m, seed):
+        rng = np.random.default_rng(seed)
+        corr = rng.uniform(0, 3, size=(s, m)).astype(np.float32)
+        valid = rng.uniform(size=(s, m)) < 0.7
+        valid[:, 0] = True  # self is always valid
+        average = self.variant(personalized_average)
+        w = np.asarray(self.variant(aggregation_weights)(jnp.asarray(corr), jnp.asarray(valid)))
+        assert (w >= 0).all() and np.allclose(w.sum(-1), 1, atol=1e-6)
+        assert (w[~valid] == 0).all()
+        ref = np.where(valid, corr, 0) / np.where(valid, corr, 0).sum(-1, keepdims=True)
+        np.testing.assert_allclose(w, ref, rtol=1e-5, atol=1e-6)  # float32 weights in [0, 1]
+        helpers = {"k": rng.normal(size=(s, m, 3)).astype(np.float32)}
+        avg = average(jnp.asarray(w), helpers)["k"]
+        np.testing.assert_allclose(avg, np.einsum("sm,smd->sd", w, helpers["k"]), atol=1e-5)
+        perm = rng.permutation(m)  # permuting helper slots leaves the result unchanged
+        avg_p = average(jnp.asarray(w[:, perm]), {"k": helpers["k"][:, perm]})
+        np.testing.assert_allclose(avg_p["k"], avg, atol=1e-5)
+        same = {"k": np.repeat(helpers["k"][:, :1], m, axis=1)}  # identical models -> that model
+        np.testing.assert_allclose(average(jnp.asarray(w), same)["k"], same["k"][:, 0], atol=1e-5)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @settings(max_examples=examples(15), deadline=None)
+    @given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 6), st.integers(0, 10**6))
+    def test_pseudo_labels_ac7(self, s, m, nu, seed):
+        rng = np.random.default_rng(seed)
+        nc = 3
+        p_bar = np_softmax(rng.normal(size=(s, m, nu, nc))).astype(np.float32)
+        ent = rng.uniform(0, 1, size=(s, m, nu)).astype(np.float32)
+        ent[:, -1] = ent[:, 0]  # the last helper ties with self: ties must go to the lower slot
+        valid = rng.uniform(size=(s, m)) < 0.6
+        valid[:, 0] = True
+        pseudo_labels = self.variant(helper_pseudo_labels, static_argnums=3)
+        out = pseudo_labels(jnp.asarray(p_bar), jnp.asarray(ent), valid)
+        y_hat, chosen, confidence = (np.asarray(a) for a in out)
+        for a in range(s):
+            for i in range(nu):
+                masked = np.where(valid[a], ent[a, :, i], np.inf)
+                assert chosen[a, i] == int(np.argmin(masked))  # first minimum, valid only
+                np.testing.assert_allclose(y_hat[a, i], p_bar[a, chosen[a, i], i])
+                assert confidence[a, i] == pytest.approx(p_bar[a, chosen[a, i], i].max())
+        np.testing.assert_allclose(y_hat.sum(-1), 1, atol=1e-5)
+        hard, hard_chosen, hard_conf = pseudo_labels(
+            jnp.asarray(p_bar), jnp.asarray(ent), valid, True
+        )
+        np.testing.assert_array_equal(np.asarray(hard), np.eye(nc)[y_hat.argmax(-1)])
+        np.testing.assert_array_equal(hard_chosen, chosen)
+        np.testing.assert_array_equal(hard_conf, confidence)  # of the soft label, before one-hot
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @settings(max_examples=examples(20), deadline=None)
+    @given(st.integers(1, 4), st.integers(0, 10**6))
+    def test_merge_best_equals_greedy_swap_ac10(self, r, seed):
+        rng = np.random.default_rng(seed)
+        inc_corr = rng.integers(0, 4, size=(1, r)).astype(np.float32)  # small ints: many ties
+        cand_corr = rng.integers(0, 4, size=(1, r)).astype(np.float32)
+        inc_ids, cand_ids = np.arange(r)[None], 100 + np.arange(r)[None]
+        ids, corr, pos = self.variant(selection.merge_best)(inc_ids, inc_corr, cand_ids, cand_corr)
+        new = np.asarray(pos) >= r
+        # Alg. 2: swap the best remaining candidate for the worst incumbent while strictly better
+        # (among tied incumbents the later slot goes, as top_k keeps lower indices first).
+        order = lambda p: (p[0], -p[1])
+        pool = sorted(zip(inc_corr[0], inc_ids[0], strict=True), key=order)
+        for c, cid in sorted(zip(cand_corr[0], cand_ids[0], strict=True), key=order, reverse=True):
+            if c > pool[0][0]:
+                pool[0] = (c, cid)
+                pool.sort(key=order)
+        assert sorted(np.asarray(corr[0]).tolist()) == sorted(p[0] for p in pool)
+        assert sorted(np.asarray(ids[0]).tolist()) == sorted(int(p[1]) for p in pool)
+        # The sorted Corr of the slots never decreases element by element.
+        assert (np.sort(np.asarray(corr[0])) >= np.sort(inc_corr[0])).all()
+        assert (np.asarray(ids[0])[np.asarray(new[0])] >= 100).all()

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import functools
 from collections import defaultdict
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -93,15 +93,17 @@ distribute = jax.jit(vt.distribute, static_argnames="conflict")
 vote_counts = jax.jit(vt.vote_counts)
 
 
-@functools.partial(jax.jit, static_argnames="op")
-def run_all(preds, owns, w, alpha, op="gt"):
-    """Every kernel on one instance: one compile per shape and op."""
+def all_kernels(preds, owns, w, alpha, op="gt"):
+    """Every kernel on one instance."""
     count, total = vt.vote_counts(preds, owns, w)
     accept = vt.consensus_votes(preds, owns, alpha, w, threshold_op=op)
     out = {"accept": accept, "count": count, "total": total}
     for c in vt.CONFLICTS:
         out[c] = vt.distribute(accept, owns, conflict=c, count=count, total=total)
     return out
+
+
+run_all = jax.jit(all_kernels, static_argnames="op")  # one compile per shape and op
 
 
 # ----------------------------------------------------------------------------- worked example
@@ -160,27 +162,6 @@ def test_worked_example_totals_and_class_maps():
 
 SHAPES = [(3, 4, 6), (7, 6, 10), (12, 9, 16)]  # (C, K, M): few shapes, few compiles
 ALPHAS = st.sampled_from([0.0, 0.3, 0.5, 1.0, 0.25, 1 / 3, 2 / 3]) | st.floats(0.0, 1.0)
-
-
-@settings(max_examples=examples(40), deadline=None)
-@given(
-    shape=st.sampled_from(SHAPES),
-    seed=st.integers(0, 2**31 - 1),
-    alpha=ALPHAS,
-    weighted=st.booleans(),
-    op=st.sampled_from(vt.THRESHOLD_OPS),
-)
-def test_oracle_equivalence(shape, seed, alpha, weighted, op):
-    C, K, M = shape
-    preds, owns, w = random_instance(np.random.default_rng(seed), C, K, M, weighted)
-    out = run_all(preds, owns, w, alpha, op=op)
-    Y = [set(np.nonzero(o)[0].tolist()) for o in owns]
-    P, ratios = aggregate_reference(preds, Y, K, alpha, w, op)
-    assert sets_of(out["accept"]) == P
-    for conflict in vt.CONFLICTS:
-        R = [distribute_reference(P, y, conflict, ratios) for y in Y]
-        assert dicts_of(*out[conflict]) == R, conflict
-        assert (np.asarray(out[conflict][1]) == -1).sum() == (~np.asarray(out[conflict][0])).sum()
 
 
 # ----------------------------------------------------------------------------- thresholds (2-6)
@@ -440,3 +421,31 @@ def test_alpha_is_traced():
     for alpha, (P, _) in ((0.5, EXAMPLE[0.5, None]), (0.4, EXAMPLE[0.4, None])):
         assert sets_of(f(EX_PREDS, EX_OWNS, jnp.float32(alpha))) == P
     assert f._cache_size() == 1
+
+
+class TestAgainstNumPy(chex.TestCase):
+    """Every kernel jitted and op by op (chex variants) against the Python oracle; each
+    variant draws half the examples the property had before."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @settings(max_examples=examples(20), deadline=None)
+    @given(
+        shape=st.sampled_from(SHAPES),
+        seed=st.integers(0, 2**31 - 1),
+        alpha=ALPHAS,
+        weighted=st.booleans(),
+        op=st.sampled_from(vt.THRESHOLD_OPS),
+    )
+    def test_oracle_equivalence(self, shape, seed, alpha, weighted, op):
+        C, K, M = shape
+        preds, owns, w = random_instance(np.random.default_rng(seed), C, K, M, weighted)
+        out = self.variant(all_kernels, static_argnames="op")(preds, owns, w, alpha, op=op)
+        Y = [set(np.nonzero(o)[0].tolist()) for o in owns]
+        P, ratios = aggregate_reference(preds, Y, K, alpha, w, op)
+        assert sets_of(out["accept"]) == P
+        for conflict in vt.CONFLICTS:
+            R = [distribute_reference(P, y, conflict, ratios) for y in Y]
+            assert dicts_of(*out[conflict]) == R, conflict
+            assert (np.asarray(out[conflict][1]) == -1).sum() == (
+                ~np.asarray(out[conflict][0])
+            ).sum()
