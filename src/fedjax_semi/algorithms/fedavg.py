@@ -56,6 +56,7 @@ from fedjax_semi.engine.train import (
     table_stats,
 )
 from fedjax_semi.errors import bad
+from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
 
 PyTree = Any
@@ -150,8 +151,7 @@ class FedAvgFamily(Method):
         # LG-FedAvg have none: their accuracy is each client's own model on its own test split).
         self.has_global_model = aggregate.all_shared(self.mask)
         self.communicates = any(jax.tree.leaves(self.mask))
-        # The single global model is evaluated without vmap, where XLA's conv is faster.
-        self.global_eval_model = self.model.with_conv("xla")
+        self.global_evaluation = GlobalEvaluation(self.model, self.eval_batch)
         self.unlabeled_batch = c.unlabeled_batch_ratio * c.batch_size if self.pseudo_labels else 0
 
     # ------------------------------------------------------------------ state
@@ -302,37 +302,63 @@ class FedAvgFamily(Method):
         split with its own model (the global model where nothing is personal). The sanity
         columns describe the model(s) behind `accuracy`, and with a global model the personal
         evaluation's too (`personal_` columns)."""
-        out = {}
-        test = fed.roles["test"]
-        if self.has_global_model:
-            g = evaluate_indices(
-                self.global_eval_model,
-                state.global_vars,
-                fed.x,
-                fed.eval_y,
-                fed.server["test_global"],
-                self.eval_batch,
-            )
-            out["global_acc"], out["global_loss"] = g["accuracy"], g["loss"]
-            out.update(sanity(g["stats"]))
-        if not self.personal and fed.test_in_global:
-            # Every client holds the global model: reuse its per-example results.
-            ids = fed.server["test_global"]
-            full = jnp.zeros(fed.x.shape[0], bool).at[ids].set(g["correct"])
-            r = {"correct": jnp.sum(full[test.idx] & test.mask, axis=1), "count": test.count}
-            r.update(table_stats(g["each"], ids, test, fed.eval_y, fed.num_classes))
+        if not self.personal:
+            out = self.global_evaluation(state.global_vars, fed, mapper)
         else:
-            xs = {"table": test, "personal": state.client_vars}
+            out = {}
+            if self.has_global_model:  # pFedMe: a global model beside the personal ones
+                out.update(self.global_evaluation.server(state.global_vars, fed)[0])
+            xs = {"table": fed.roles["test"], "personal": state.client_vars}
             r = mapper(self.eval_client, xs, state.global_vars, fed.x, fed.eval_y)
-        out["client_acc"], out["personal_acc"] = client_accuracy(r)
-        out.update(sanity(r, prefix="personal_" if self.has_global_model else ""))
-        out["accuracy"] = out["global_acc"] if self.has_global_model else out["personal_acc"]
+            out["client_acc"], out["personal_acc"] = client_accuracy(r)
+            out.update(sanity(r, prefix="personal_" if self.has_global_model else ""))
+            out["accuracy"] = out["global_acc"] if self.has_global_model else out["personal_acc"]
         # Each client's model on its D_unl (docs/choices.md, DoFed-SPP A5).
         if dofed.is_target_task(fed.roles):
             unl = fed.roles[dofed.data_roles(fed.roles).unl]
             xs = {"table": unl, "personal": state.client_vars}
             r = mapper(self.eval_client, xs, state.global_vars, fed.x, fed.eval_y)
             out["cls_acc_on_unl"] = client_accuracy(r)[1]
+        return out
+
+
+@dataclasses.dataclass(eq=False)
+class GlobalEvaluation:
+    """The evaluation of one global model that every client holds (the FedAvg family's without
+    personal leaves; SCAFFOLD's, FedOpt's): its accuracy, loss and sanity columns on the server
+    test set (with XLA's conv: one model, no vmap), and each client's accuracy on its own test
+    split (`client_acc`, `personal_acc`, `personal_` sanity columns), read from that same pass
+    when the clients' test rows lie inside the server test set. accuracy = global_acc."""
+
+    model: Model
+    eval_batch: int
+
+    def __post_init__(self) -> None:
+        self.server_model = self.model.with_conv("xla")
+
+    def row(self, table: RoleTable, variables: PyTree, x: jax.Array, labels: jax.Array) -> dict:
+        return evaluate_row(self.model, variables, x, labels, table)
+
+    def server(self, variables: PyTree, fed: FederatedData) -> tuple[dict, dict]:
+        """(global_acc, global_loss and the sanity columns; `evaluate_indices`' result) of the
+        model on the server test set."""
+        ids = fed.server["test_global"]
+        g = evaluate_indices(self.server_model, variables, fed.x, fed.eval_y, ids, self.eval_batch)
+        return {"global_acc": g["accuracy"], "global_loss": g["loss"], **sanity(g["stats"])}, g
+
+    def __call__(self, variables: PyTree, fed: FederatedData, mapper: Mapper) -> dict:
+        out, g = self.server(variables, fed)
+        test, ids = fed.roles["test"], fed.server["test_global"]
+        if fed.test_in_global:
+            # Every client holds the global model: reuse its per-example results.
+            full = jnp.zeros(fed.x.shape[0], bool).at[ids].set(g["correct"])
+            r = {"correct": jnp.sum(full[test.idx] & test.mask, axis=1), "count": test.count}
+            r.update(table_stats(g["each"], ids, test, fed.eval_y, fed.num_classes))
+        else:
+            r = mapper(self.row, test, variables, fed.x, fed.eval_y)
+        out["client_acc"], out["personal_acc"] = client_accuracy(r)
+        out.update(sanity(r, prefix="personal_"))
+        out["accuracy"] = out["global_acc"]
         return out
 
 
