@@ -42,7 +42,17 @@ def run_rounds(exp, runner, rounds: int) -> list[dict]:
 # (the ada partition's server pool and validation set): test_ada_fedsemi.py; HeteroAda-FedSemi
 # (also the multi-exit model and the TX2 clock): test_hetero_ada.py.
 ADA = ("ada_fedsemi", "fedsemi", "fedavg_p", "hetero_ada")
-OWN_EQUIVALENCE_TESTS = ("um_pfssl", "dofed_spp", "fedfomo", "fedbe", "cfsl", "hfsl", *ADA)
+# SCAFFOLD: test_scaffold.py.
+OWN_EQUIVALENCE_TESTS = (
+    "um_pfssl",
+    "dofed_spp",
+    "fedfomo",
+    "fedbe",
+    "cfsl",
+    "hfsl",
+    "scaffold",
+    *ADA,
+)
 MAPPED = [n for n in algorithm_names() if n not in OWN_EQUIVALENCE_TESTS]
 
 # The FedAvg family is one mechanism with knobs, and each member compiles three backends (about
@@ -101,7 +111,9 @@ def test_every_method_has_a_hidden_label_check():
     test_cfsl.py, Ada-FedSemi, FedSemi and FedAvg-P in test_ada_fedsemi.py, HeteroAda-FedSemi in
     test_hetero_ada.py)."""
     assert set(FAST_MAPPED) | set(ORACLES) <= set(MAPPED)
-    own_files = {"um_pfssl", "cofed", "pfedavg", "fedmd", "cfsl", "hfsl", *ADA}
+    # SCAFFOLD in test_scaffold.py; FedOpt in test_fedopt.py (its names share one client update).
+    scaffold_fedopt = {"scaffold", "fedopt", "fedadam", "fedyogi", "fedadagrad"}
+    own_files = {"um_pfssl", "cofed", "pfedavg", "fedmd", "cfsl", "hfsl", *ADA, *scaffold_fedopt}
     checked_fast = set(FAST_MAPPED) | set(OWN_RUNS) | own_files
     assert set(algorithm_names()) - set(ORACLES) == checked_fast, "a method without a check"
     assert not set(ORACLES) & checked_fast  # an oracle reads them: its check would fail

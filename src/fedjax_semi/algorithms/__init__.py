@@ -10,9 +10,11 @@ from fedjax_semi.algorithms import (  # noqa: F401  (register methods)
     fedbe,
     fedfomo,
     fedmd,
+    fedopt,
     hetero_ada,
     pfedavg,
     pfedme,
+    scaffold,
     um_pfssl,
 )
 from fedjax_semi.algorithms.base import Algorithm, FLState
