@@ -25,10 +25,10 @@ from fedjax_semi import experiment
 from fedjax_semi.algorithms.ada_fedsemi_config import participant_counts
 from fedjax_semi.algorithms.ada_run import PreferenceSwitch
 from fedjax_semi.engine.loop import Run, pseudo_label_accuracy
-from fedjax_semi.engine.simulate import simulate
 from fedjax_semi.engine.state import FLState
 from fedjax_semi.errors import ConfigError
 from fedjax_semi.kernels.bandit import P_ARMS, participants
+from fedjax_semi.results.run import simulate
 from fedjax_semi.systems import tx2
 
 M = 10

@@ -368,9 +368,7 @@ def test_sweep_table_keeps_only_the_given_seeds(tmp_path, capsys):
 
 def test_mechanism_metrics_are_row_keys(exp, ran):
     """pl_acc is scored by the loop from the round's pl_label; pl_sum_pk is a round metric."""
-    from fedjax_semi.engine.loop import PSEUDO_LABEL_SCORES
-
     metrics = ran[2]
-    keys = set(metrics) | {s for label, s in PSEUDO_LABEL_SCORES.items() if label in metrics}
+    keys = set(metrics) | {s for label, s in exp.alg.label_scores.items() if label in metrics}
     assert exp.alg.mechanism_metrics == ("pl_acc", "pl_sum_pk")
     assert set(exp.alg.mechanism_metrics) <= keys

@@ -672,11 +672,9 @@ def test_aggregate_bn_stats_false_after_a_round_a21():
 
 def test_mechanism_metrics_are_row_keys(tiny):
     """The declared mechanism metrics are pseudo-label scores the loop computes from this
-    round's labels (engine.loop.PSEUDO_LABEL_SCORES), so summary.json's block gets values."""
-    from fedjax_semi.engine.loop import PSEUDO_LABEL_SCORES
-
+    round's labels (the method's label_scores), so summary.json's block gets values."""
     exp, _, rows = tiny
-    scored = {score for label, score in PSEUDO_LABEL_SCORES.items() if label in rows[-1]}
+    scored = {score for label, score in exp.alg.label_scores.items() if label in rows[-1]}
     assert (
         set(exp.alg.mechanism_metrics) == scored == {"pl_acc", "pl_self_acc", "pl_any_helper_acc"}
     )

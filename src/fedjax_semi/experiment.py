@@ -22,8 +22,9 @@ from fedjax_semi.data.partitions.ada import pool_split
 from fedjax_semi.data.registry import ArrayDataset, load_dataset, subsample
 from fedjax_semi.data.subclusters import with_subclusters
 from fedjax_semi.engine import distributed
-from fedjax_semi.engine.simulate import Runner, simulate
+from fedjax_semi.engine.simulate import Runner
 from fedjax_semi.models.zoo import Model, make_model
+from fedjax_semi.results.run import simulate
 
 
 @dataclasses.dataclass

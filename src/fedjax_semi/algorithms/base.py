@@ -1,11 +1,17 @@
 """The algorithm interface and the registry.
 
-A round is three pure, jittable phases, so the engine can compile it as one program or run the
-reference backend (a Python loop of per-client jitted calls) on the same code. Every random
-draw derives from the run's key, passed in as an argument (never held by the method):
+A method is `init(key, fed) -> state` and a round, `round(state, data, key, clients, flags)
+-> (state, metrics)`, pure and jittable: the server's code reads top-down like the paper's
+algorithm box (select, broadcast, map the clients, aggregate, update), and `clients`
+(`engine.clients.Clients`) maps the per-client work, chunked and sharded inside one compiled
+round, or as a loop of per-client jitted calls in the reference backend. Every random draw
+derives from the run's key, passed in as an argument (never held by the method). `flags` are
+the round's static switches (`round_flags(t)`), compiled as static arguments.
+
+A method may instead be written in three phases, which the default `round` runs in order:
 
     plan, inputs, shared = alg.prepare(state, data, key)     # server: select, gather
-    outputs = map over clients: alg.client_update(input_i, shared)   # shared.key is `key`
+    outputs = clients.map(alg.client_update, inputs, shared)  # shared.key is `key`
     state, metrics = alg.finish(state, plan, outputs, key)    # server: aggregate, scatter
 
 The plan is what the server keeps between its phases: the cohort, or a flax.struct dataclass of
@@ -34,7 +40,7 @@ from fedjax_semi.algorithms.registry import (  # noqa: F401  (re-exported: the r
 )
 from fedjax_semi.config import AlgorithmConfig, SystemsConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
-from fedjax_semi.engine.clients import select_cohort
+from fedjax_semi.engine.clients import Clients, select_cohort
 from fedjax_semi.engine.keys import client_key
 from fedjax_semi.engine.state import FLState
 from fedjax_semi.engine.train import LocalObjective, Schedule, local_train, make_optimizer
@@ -60,15 +66,11 @@ class Algorithm(Protocol):
 
     def init(self, key: jax.Array, fed: FederatedData) -> FLState: ...
 
-    def prepare(
-        self, state: FLState, data: TrainView, key: jax.Array
-    ) -> tuple[PyTree, PyTree, PyTree]: ...
-
-    def client_update(self, inputs: PyTree, shared: PyTree) -> PyTree: ...
-
-    def finish(
-        self, state: FLState, plan: PyTree, outputs: PyTree, key: jax.Array
+    def round(
+        self, state: FLState, data: TrainView, key: jax.Array, clients: Clients, flags: tuple
     ) -> tuple[FLState, dict]: ...
+
+    def round_flags(self, t: int) -> tuple: ...
 
     def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict: ...
 
@@ -94,6 +96,19 @@ class Capabilities:
     # agreement with the true groups); summary.json keeps their final values in its "mechanism"
     # block and fedjax-semi-report prints them (docs/gates.md).
     mechanism_metrics: ClassVar[tuple[str, ...]] = ()
+    # Labels the round reports for unlabeled rows (beside `pl_index` [S, N]) -> the row key of
+    # their accuracy, scored on the host after the round against the hidden labels, which
+    # training never reads (engine.loop.pseudo_label_accuracy).
+    label_scores: ClassVar[dict[str, str]] = {"pl_label": "pl_acc"}
+
+    def round(
+        self, state: FLState, data: TrainView, key: jax.Array, clients: Clients, flags: tuple = ()
+    ) -> tuple[FLState, dict]:
+        """One round of a method written in phases: prepare, map the clients, finish. A method
+        written as one round overrides this (and has no phases)."""
+        plan, inputs, shared = clients.server(self.prepare)(state, data, key)  # type: ignore[attr-defined]
+        outputs = clients.map_groups(self.client_update_for(flags), inputs, shared)
+        return clients.server(self.finish)(state, plan, outputs, key)  # type: ignore[attr-defined]
 
     def warmup(self, state: FLState, data: TrainView, mapper: Mapper, key: jax.Array) -> FLState:
         raise NotImplementedError(f"{type(self).__name__} declares no warm-up")

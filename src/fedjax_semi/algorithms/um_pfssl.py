@@ -132,8 +132,12 @@ class UMPFSSL(FedAvgFamily):
         return state.replace(extra=extra)
 
     has_warmup: ClassVar[bool] = True
-    # Eq. 11's chosen helper labels vs the own model's vs "some helper right" (hidden labels).
-    mechanism_metrics: ClassVar[tuple[str, ...]] = ("pl_acc", "pl_self_acc", "pl_any_helper_acc")
+    # Eq. 11's chosen helper labels vs the own model's vs "some helper right" (hidden labels;
+    # pl_helper_label [S, M, N] scores a row right when any helper is).
+    label_scores: ClassVar[dict[str, str]] = {
+        "pl_label": "pl_acc", "pl_self_label": "pl_self_acc", "pl_helper_label": "pl_any_helper_acc"
+    }  # fmt: skip
+    mechanism_metrics: ClassVar[tuple[str, ...]] = tuple(label_scores.values())
 
     def warmup(self, state: FLState, data: TrainView, mapper, key: jax.Array) -> FLState:
         """Alg. 1 l.3-4: every client trains on its labeled data only, then uploads."""

@@ -1,4 +1,5 @@
-"""The client axis: chunked mapping, gather/scatter of a cohort.
+"""The client axis: chunked mapping, gather/scatter of a cohort, and `Clients`, the mapper a
+method's round receives.
 
 Three ways to map a per-client function over a leading client axis, which must agree numerically:
   * `map_clients(fn, xs, chunk=k)` inside jit: `lax.map(..., batch_size=k)`, a vmap over chunks of
@@ -9,6 +10,7 @@ Three ways to map a per-client function over a leading client axis, which must a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -65,6 +67,60 @@ class LoopMapper:
         n = jax.tree.leaves(xs)[0].shape[0]
         outs = [jfn(jax.tree.map(lambda a, i=i: a[i], xs), *shared) for i in range(n)]
         return jax.tree.map(lambda *a: jnp.stack(a), *outs)
+
+
+def _same(tree: PyTree) -> PyTree:
+    return tree
+
+
+class Clients:
+    """The engine's mapper, the `clients` of a method's `round(state, data, key, clients, flags)`.
+
+    clients.map(fn, rows, *shared): fn(row_i, *shared) for every row of the leading axis of
+        `rows` (one per client), stacked: chunked `lax.map`/`vmap` inside the round's jit
+        (`map_clients`), with the rows and outputs sharded over the client mesh when there are
+        several devices; in the reference backend a Python loop of per-client jitted calls.
+    clients.map_groups(fns, rows, *shared): the same per architecture group, where fns and rows
+        are tuples (heterogeneous models), or one mapping where they are not.
+    clients.server(fn): fn as the backend runs server code: itself inside the jitted round;
+        jitted on its own in the reference backend (so a server phase compiles as it does in
+        the jitted round and returns its inputs without copying them).
+    A `Clients` is also callable as `clients(fn, rows, *shared)` (the same as `map`), the form
+    warm-ups and evaluations take."""
+
+    def __init__(
+        self,
+        mapper: Callable,
+        place: Callable[[PyTree], PyTree] = _same,
+        jit_server: bool = False,
+    ) -> None:
+        self._mapper, self._place, self._jit_server = mapper, place, jit_server
+        self._server: dict[Callable, Callable] = {}
+
+    @classmethod
+    def jitted(cls, chunk: int | str, place: Callable[[PyTree], PyTree] = _same) -> Clients:
+        """Inside one jitted round: chunks of `chunk` clients, rows placed by `place`."""
+        return cls(functools.partial(map_clients, chunk=chunk), place)
+
+    @classmethod
+    def reference(cls) -> Clients:
+        """The reference backend: a loop of per-client jitted calls, server steps jitted alone."""
+        return cls(LoopMapper(), jit_server=True)
+
+    def map(self, fn: Callable, rows: PyTree, *shared: Any) -> PyTree:
+        return self._place(self._mapper(fn, self._place(rows), *shared))
+
+    __call__ = map
+
+    def map_groups(self, fn: Callable | tuple, rows: PyTree, *shared: Any) -> PyTree:
+        return map_groups(self.map, fn, rows, *shared)
+
+    def server(self, fn: Callable) -> Callable:
+        if not self._jit_server:
+            return fn
+        if fn not in self._server:
+            self._server[fn] = jit_forwarding_inputs(fn)
+        return self._server[fn]
 
 
 def jit_forwarding_inputs(fn: Callable) -> Callable:

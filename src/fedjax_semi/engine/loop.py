@@ -14,6 +14,7 @@ others go on (`runner.keep`)."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -25,11 +26,10 @@ import jax
 import numpy as np
 
 from fedjax_semi.config import StopConfig
-from fedjax_semi.results.rundir import Checkpointer, jsonable
 
 if TYPE_CHECKING:
-    from fedjax_semi.algorithms.base import FLState
     from fedjax_semi.data.federated import FederatedData
+    from fedjax_semi.engine.state import FLState
 
 Rows = dict[int, dict]  # replica index -> its new row (only the replicas that ran the round)
 
@@ -38,6 +38,7 @@ class Runner(Protocol):
     """What the loop asks of a runner (engine.simulate.Runner)."""
 
     seeds: tuple[int, ...] | None
+    label_scores: dict[str, str]  # the method's labels to score on the host (round_row)
 
     def template(self) -> FLState: ...  # the structure a checkpoint restores into
     def init(self) -> FLState: ...  # the initial state, after any warm-up
@@ -163,7 +164,8 @@ def train_and_evaluate(
                 run.timings["eval_s"].append(wall - (t_eval - t0))
             if rnd == run.start + 1:
                 run.timings["first_round_s"] = t_eval - t0
-            rows = {r: round_row(run, fed, rnd, m, ev, wall, r) for r in _where(active)}
+            scores = runner.label_scores
+            rows = {r: round_row(run, fed, rnd, m, ev, wall, r, scores) for r in _where(active)}
             _record(run, hooks, rnd, rows)
             for h in hooks:
                 h.round(run, rnd, rows)
@@ -210,6 +212,21 @@ def rounds_done(state: FLState) -> int:
 # ---------------------------------------------------------------------------------- rows
 
 
+def jsonable(v: Any) -> Any:
+    """numpy/jax scalars and arrays -> JSON values (NaN -> null)."""
+    if isinstance(v, dict):
+        return {k: jsonable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [jsonable(x) for x in v]
+    a = np.asarray(v)
+    if a.ndim > 0:
+        return [jsonable(x) for x in a.tolist()]
+    x = a.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
 def _pick(run: Run, tree, r: int):
     """Replica r of every leaf (host arrays); the tree itself for a single run."""
     return tree if run.seeds is None else jax.tree.map(lambda a: np.asarray(a)[r], tree)
@@ -228,15 +245,25 @@ def initial_row(run: Run, ev: dict, r: int) -> dict:
     return jsonable(row)
 
 
-def round_row(run: Run, fed: FederatedData, rnd: int, m: dict, ev, wall: float, r: int) -> dict:
+def round_row(
+    run: Run,
+    fed: FederatedData,
+    rnd: int,
+    m: dict,
+    ev,
+    wall: float,
+    r: int,
+    label_scores: dict[str, str],
+) -> dict:
     """Replica r's row of round rnd: the round's scalar metrics, its cohort and participation so
-    far, the pseudo-label accuracies, the clock, the evaluation when there was one (`ev`), and
-    the host time."""
+    far, the accuracies of the labels the method reports (`label_scores`: label key -> score
+    key, beside `pl_index`), the clock, the evaluation when there was one (`ev`), and the host
+    time."""
     mr = _pick(run, m, r)
     row = {"round": rnd}
     row.update(_scalars({k: v for k, v in mr.items() if k != "client_finite"}))
     row["cohort"] = np.asarray(mr["cohort"]).tolist()  # for per-client diagnostics
-    for name, score in PSEUDO_LABEL_SCORES.items():
+    for name, score in label_scores.items():
         if name in mr:
             row[score] = pseudo_label_accuracy(mr["pl_index"], mr[name], fed.eval_y)
     row.update(participation(run, r, fed.num_clients, row["cohort"]))
@@ -277,16 +304,6 @@ def participation(run: Run, r: int, num_clients: int, cohort) -> dict:
         "participation_min": int(now.min()),
         "never_selected": float(np.mean(now == 0)),
     }
-
-
-# Labels an algorithm reports for its unlabeled rows (beside pl_index) -> the metric they are
-# scored into. pl_label: the pseudo-labels trained on; pl_self_label: the client's own model's
-# prediction; pl_helper_label [S, M, N]: every helper's, scored as "some helper was right".
-PSEUDO_LABEL_SCORES = {
-    "pl_label": "pl_acc",
-    "pl_self_label": "pl_self_acc",
-    "pl_helper_label": "pl_any_helper_acc",
-}
 
 
 def pseudo_label_accuracy(index, label, eval_y) -> float | None:
@@ -400,35 +417,6 @@ class StopRules(Hook):
     def round(self, run: Run, rnd: int, rows: Rows) -> None:
         for r, row in rows.items():
             run.reasons[r] = self._update(r, row)
-
-
-class Checkpoints(Hook):
-    """Orbax checkpoints of the state (all replicas in one) in `directory`: every `every` rounds,
-    after the last round and when a replica stops; the last good state when the loop ends on
-    NaNError or KeyboardInterrupt. A fresh run first deletes an old run's checkpoints (a later
-    resume must not find them). `restore` is the loop's restore: the newest intact checkpoint,
-    a damaged newer one being moved aside (`Checkpointer.restore_latest`)."""
-
-    def __init__(self, directory: Path, every: int) -> None:
-        self.ckpt = Checkpointer(directory)
-        self.directory, self.every = self.ckpt.directory, every
-
-    def restore(self, like: FLState) -> tuple[int, FLState] | None:
-        return self.ckpt.restore_latest(like)
-
-    def start(self, run: Run) -> None:
-        if not run.resumed:
-            self.ckpt.clear()
-
-    def round(self, run: Run, rnd: int, rows: Rows) -> None:
-        stopped = any(run.reasons[r] for r in rows)
-        if rnd % self.every == 0 or rnd == run.rounds or stopped:
-            self.ckpt.save(rnd, run.state)
-
-    def end(self, run: Run, error: BaseException | None) -> None:
-        if isinstance(error, NaNError | KeyboardInterrupt):
-            self.ckpt.save(rounds_done(run.state), run.state)  # to resume from or inspect
-        self.ckpt.close()
 
 
 class Progress(Hook):

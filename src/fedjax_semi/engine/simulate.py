@@ -1,39 +1,30 @@
-"""The Runner (one compiled round and one evaluation, jit or the reference loop) and `simulate`,
-which runs it through the run loop (engine/loop.py) with the hooks the settings ask for."""
+"""The Runner: one compiled round and one evaluation, jit or the reference loop. The run loop
+(engine/loop.py) drives it; `results.run.simulate` puts the loop and its hooks together."""
 
 from __future__ import annotations
 
 import functools
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_semi.algorithms.base import Algorithm
-from fedjax_semi.config import StopConfig
 from fedjax_semi.data.federated import FederatedData
-from fedjax_semi.engine import distributed
 from fedjax_semi.engine.aggregate import select_rows
-from fedjax_semi.engine.clients import LoopMapper, jit_forwarding_inputs, map_clients, map_groups
-from fedjax_semi.engine.loop import (
-    Checkpoints,
-    NaNGuard,
-    Progress,
-    Run,
-    StopRules,
-    rounds_done,
-    train_and_evaluate,
-)
+from fedjax_semi.engine.clients import Clients, map_clients
 
 # Defined beside the loop; importable from here as before.
 from fedjax_semi.engine.loop import EarlyStopper as EarlyStopper
 from fedjax_semi.engine.loop import NaNError as NaNError
 from fedjax_semi.engine.loop import pseudo_label_accuracy as pseudo_label_accuracy
+from fedjax_semi.engine.loop import rounds_done
 from fedjax_semi.engine.state import FLState
-from fedjax_semi.results.writers import Summaries, make_writers
+
+if TYPE_CHECKING:  # the engine imports no method; a method is anything with this interface
+    from fedjax_semi.algorithms.base import Algorithm
 
 
 class Runner:
@@ -59,7 +50,8 @@ class Runner:
         self.seeds = tuple(int(s) for s in seeds) if seeds is not None else None
         self.replica_chunk = replica_chunk
         self.data = fed.train_view(oracle=alg.oracle)
-        self._flags, self._update_for = alg.round_flags, alg.client_update_for
+        self.label_scores = alg.label_scores
+        self._flags = alg.round_flags
         self._warmup_fn = alg.warmup if alg.has_warmup else None
         self.chunk, self.autotune = chunk, None
         self._out = None  # the outputs' sharding with several processes (`replicated`)
@@ -73,7 +65,7 @@ class Runner:
             else jnp.stack([jax.random.PRNGKey(s) for s in self.seeds])
         )
         if backend == "jit":
-            emap = functools.partial(map_clients, chunk=eval_chunk)
+            emap = Clients.jitted(eval_chunk)
             self._place = client_sharding(devices) if devices > 1 else (lambda tree: tree)
             # Several processes: every output (state, metrics) replicated on every device, so
             # each process reads it whole (the cohort's rows are gathered once, in the program).
@@ -90,15 +82,8 @@ class Runner:
                     f"replicas={len(self.seeds)} is not allowed with hardware.backend='reference': "
                     "replicas are one compiled program (hardware.backend='jit')"
                 )
-            loop = LoopMapper()
-            prepare, finish = jit_forwarding_inputs(alg.prepare), jit_forwarding_inputs(alg.finish)
-            update_for, warmup = self._update_for, self._warmup_fn
-
-            def round_fn(key, state, data, flags):
-                plan, inputs, shared = prepare(state, data, key)
-                return finish(state, plan, map_groups(loop, update_for(flags), inputs, shared), key)
-
-            self._round = round_fn
+            loop, warmup = Clients.reference(), self._warmup_fn
+            self._round = lambda key, state, data, flags: alg.round(state, data, key, loop, flags)
             self._eval = lambda key, s, f: alg.evaluate(s, f, loop)
             self._warmup = warmup and (lambda key, s, d: warmup(s, d, loop, key))
         else:
@@ -106,13 +91,11 @@ class Runner:
 
     def _programs(self, chunk: int | str):
         """(jitted round, jitted warm-up or None) with the cohort mapped in chunks of `chunk`."""
-        alg, place, update_for = self.alg, self._place, self._update_for
-        cmap = functools.partial(map_clients, chunk=chunk)
+        alg, clients = self.alg, Clients.jitted(chunk, self._place)
+        cmap = Clients.jitted(chunk)  # the warm-up's clients, not placed on the mesh
 
         def round_fn(key, state, data, flags):
-            plan, inputs, shared = alg.prepare(state, data, key)
-            outputs = place(map_groups(cmap, update_for(flags), place(inputs), shared))
-            return alg.finish(state, plan, outputs, key)
+            return alg.round(state, data, key, clients, flags)
 
         warmup = self._warmup_fn
         return (
@@ -145,9 +128,15 @@ class Runner:
         out of device memory is skipped. The timings are kept in `self.autotune`."""
         one = state if self.seeds is None else jax.tree.map(lambda a: a[0], state)
         key = self._keys if self.seeds is None else self._keys[0]
-        _, inputs, _ = jax.eval_shape(self.alg.prepare, one, self.data, key)
-        cohort = jax.tree.leaves(inputs)[0].shape[0]
         flags = self._flags(rounds_done(state) + 1)
+        mapped = []  # the leading size of each mapping of the round, in order
+
+        def record(fn, rows, *shared):
+            mapped.append(jax.tree.leaves(rows)[0].shape[0])
+            return map_clients(fn, rows, *shared)
+
+        jax.eval_shape(lambda s: self.alg.round(s, self.data, key, Clients(record), flags), one)
+        cohort = mapped[0] if mapped else 1
         timings, programs = {}, {}
         for chunk in auto_chunk_candidates(cohort):
             programs[chunk] = self._programs(chunk)
@@ -238,66 +227,3 @@ def replicated(devices: int):
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     return NamedSharding(Mesh(np.array(jax.devices()[:devices]), ("clients",)), PartitionSpec())
-
-
-def simulate(
-    alg: Algorithm,
-    fed: FederatedData,
-    *,
-    rounds: int,
-    out_dir: Path,
-    runner: Runner,
-    eval_every: int = 1,
-    eval_initial: bool = False,
-    checkpoint_every: int = 5,
-    resume: bool = False,
-    stop: StopConfig | None = None,
-    progress: bool = True,
-    title: str = "",
-    writers: Sequence[str] = ("jsonl", "tensorboard"),
-) -> dict:
-    """Run `rounds` rounds and write the run directory. Returns the summary.
-
-    With replicas (`runner.seeds`) each seed gets the run directory it would have had on its
-    own, out_dir/seed_<s> (metrics, summary.json, plot), and out_dir holds the one checkpoint of
-    all of them and replicas.json (mean and std over the seeds), whose content is returned.
-
-    The hooks run in this order: the metric writers (the JSON-lines one reads back the rows a
-    resumed run keeps), the stop rules (which replay them, and ask the method's own rule), the
-    NaN guard, the method's hooks (`alg.loop_hooks()`), the checkpointer (after the stop rules
-    and the method's hooks: a replica that stops, and what they changed, is checkpointed), the
-    progress bar, and the summaries (last: they read the stop rules' bests and every reason).
-
-    With several processes (hardware.distributed) every process runs the loop and the
-    checkpointer (Orbax coordinates them); only process 0 writes metrics, summaries, plots and
-    the progress bar."""
-    out_dir = Path(out_dir)
-    primary = distributed.is_primary()
-    dirs = [out_dir] if runner.seeds is None else [out_dir / f"seed_{s}" for s in runner.seeds]
-    for d in (out_dir, *dirs):
-        d.mkdir(parents=True, exist_ok=True)
-    stop_rules = StopRules(stop or StopConfig(), alg.stop_reason)
-    checkpoints = Checkpoints(out_dir / "checkpoints", checkpoint_every)
-    summaries = Summaries(
-        out_dir, alg.name, title or alg.name, runner, stop_rules, primary, alg.mechanism_metrics
-    )
-    hooks = [
-        *make_writers(writers, primary),
-        stop_rules,
-        NaNGuard(checkpoints.directory),
-        *alg.loop_hooks(),
-        checkpoints,
-        Progress(alg.name, progress and primary),
-        summaries,
-    ]
-    train_and_evaluate(
-        runner,
-        fed,
-        Run(dirs, runner.seeds, rounds),
-        hooks,
-        # the newest intact checkpoint (a damaged newer one is skipped with a warning)
-        restore=checkpoints.restore if resume else None,
-        eval_every=eval_every,
-        eval_initial=eval_initial,
-    )
-    return summaries.summary

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import platform
 import warnings
@@ -14,22 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from fedjax_semi.engine.loop import Hook, NaNError, Rows, Run, jsonable, rounds_done
+
 PyTree = Any
-
-
-def jsonable(v: Any) -> Any:
-    """numpy/jax scalars and arrays -> JSON values (NaN -> null)."""
-    if isinstance(v, dict):
-        return {k: jsonable(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [jsonable(x) for x in v]
-    a = np.asarray(v)
-    if a.ndim > 0:
-        return [jsonable(x) for x in a.tolist()]
-    x = a.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
 
 
 class MetricsLog:
@@ -257,3 +243,32 @@ def plot_curves(rows: list[dict], path: Path, title: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+class Checkpoints(Hook):
+    """Orbax checkpoints of the state (all replicas in one) in `directory`: every `every` rounds,
+    after the last round and when a replica stops; the last good state when the loop ends on
+    NaNError or KeyboardInterrupt. A fresh run first deletes an old run's checkpoints (a later
+    resume must not find them). `restore` is the loop's restore: the newest intact checkpoint,
+    a damaged newer one being moved aside (`Checkpointer.restore_latest`)."""
+
+    def __init__(self, directory: Path, every: int) -> None:
+        self.ckpt = Checkpointer(directory)
+        self.directory, self.every = self.ckpt.directory, every
+
+    def restore(self, like: PyTree) -> tuple[int, PyTree] | None:
+        return self.ckpt.restore_latest(like)
+
+    def start(self, run: Run) -> None:
+        if not run.resumed:
+            self.ckpt.clear()
+
+    def round(self, run: Run, rnd: int, rows: Rows) -> None:
+        stopped = any(run.reasons[r] for r in rows)
+        if rnd % self.every == 0 or rnd == run.rounds or stopped:
+            self.ckpt.save(rnd, run.state)
+
+    def end(self, run: Run, error: BaseException | None) -> None:
+        if isinstance(error, NaNError | KeyboardInterrupt):
+            self.ckpt.save(rounds_done(run.state), run.state)  # to resume from or inspect
+        self.ckpt.close()
