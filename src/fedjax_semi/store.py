@@ -29,7 +29,16 @@ from fedjax_semi.config import (
 from fedjax_semi.errors import ConfigError
 
 
+def _first_set(value: Any, default: Any) -> Any:
+    """`${fedjax.or:${out_dir},...}`: value unless it is null (oc.select keeps a null)."""
+    return default if value is None else value
+
+
 def register_configs() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("fedjax.or"):
+        OmegaConf.register_new_resolver("fedjax.or", _first_set)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, node in [
