@@ -204,7 +204,7 @@ class AdaFedSemi(Method):
                 raise bad(f"partition.{knob}", "(empty)", f"a non-empty server {what}")
         gv = self.model.init(client_key(key, INIT, 0, 0))
         n_pool = fed.server[POOL].shape[0]
-        if c.init_val_acc == "measure":  # [REC] instead of Alg. 1's 0 (docs/choices.md A7)
+        if c.init_val_acc == "measure":  # [rec] u_{0,C} measured, not Alg. 1's 0
             u0 = self._val_acc(gv, fed.x, fed.y, fed.server[VAL])
         else:
             u0 = jnp.float32(0.0)
@@ -286,9 +286,9 @@ class AdaFedSemi(Method):
         return t_cp, t_cm, size
 
     def _server_epoch(self, w_half, plan: AdaPlan, yhat, mask, eta, key, r):
-        """Eq. 7 as one epoch of mini-batch SGD over D_{k,U} (docs/choices.md A2): the selected
-        pool samples first (a table of count n_sel), shuffled by `local_scan`'s epoch order;
-        steps past them are skipped, so nothing changes when none is selected."""
+        """Eq. 7 as one epoch of mini-batch SGD over D_{k,U} (Eq. 8 charges t_p per sample): the
+        selected pool samples first (a table of count n_sel), shuffled by `local_scan`'s epoch
+        order; steps past them are skipped, so nothing changes when none is selected."""
         order = jnp.argsort(~mask, stable=True)
         table = RoleTable(plan.pool[order], jnp.sum(mask).astype(jnp.int32))
         tx = self._tx(eta)
@@ -351,7 +351,7 @@ class AdaFedSemi(Method):
         p_agent, c_agent = ex["p_agent"], ex["c_agent"]
         if c.adaptive_p:
             p_agent = update_arm(p_agent, ex["p_arm"], r_p, c.beta)  # Eq. 17
-        if c.adaptive_c:  # the C decision had no effect before any pseudo-label (A11)
+        if c.adaptive_c:  # the C decision had no effect before any pseudo-label
             upd = update_arm(c_agent, ex["c_arm"], r_c, c.beta)
             c_agent = jax.tree.map(lambda a, b: jnp.where(has_pl, a, b), upd, c_agent)
 

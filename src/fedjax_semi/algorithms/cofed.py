@@ -90,7 +90,7 @@ class CoFEDConfig(AlgorithmConfig):
     # 6's sweep); 0 = the whole public set. Participants label every row regardless.
     public_size: int = 0
     # Y_i: the classes among the participant's private labels (present; the CIFAR setup draws
-    # them) or all K classes for everyone (all: FEMNIST's [REC], partition.cofed_label_space).
+    # them) or all K classes for everyone (all: ours for FEMNIST, partition.cofed_label_space).
     label_space: str = "present"
 
     def __post_init__(self) -> None:

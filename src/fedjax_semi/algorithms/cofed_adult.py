@@ -9,7 +9,7 @@
 
 Everyone owns both classes (K = 2) and is scored on the full Adult test set; the test labels
 are read only by `score`, after every prediction is made. Model recipes (the paper gives none;
-spec Sec. 3.2 [REC], drawn per participant from a seeded numpy RNG):
+our choices, docs/results/cofed_adult.md; drawn per participant from a seeded numpy RNG):
   dt:  DecisionTreeClassifier, max_depth in dt_depths;
   svm: SVC, RBF kernel, C in svm_cs, probability=False (features standardized, pooled stats);
   gam: a logistic GAM with spline terms, since pyGAM is unavailable: SplineTransformer (cubic,
@@ -64,7 +64,7 @@ ADULT_TRAIN_ROWS = 32561  # rows of the official adult.data (checked again once 
 
 @dataclasses.dataclass
 class CoFEDAdultConfig:
-    """The Adult experiment (Sec. 5.7; spec Sec. 3.5). Validated before any data is read."""
+    """The Adult experiment (Sec. 5.7). Validated before any data is read."""
 
     num_clients: int = 100  # must equal num_dt + num_svm + num_gam + num_nn
     num_dt: int = 25
@@ -74,7 +74,7 @@ class CoFEDAdultConfig:
     assignment: str = "round_robin"  # model types by participant id: round_robin | blocks
     rows_per_client: int = 200  # disjoint private rows from adult.data (Sec. 5.7)
     public_size: int = 5000  # synthetic public rows (Sec. 5.7)
-    alpha: float = 0.3  # Eq. 18; not stated for Adult (spec A10)
+    alpha: float = 0.3  # Eq. 18; the paper gives none for Adult
     threshold_op: str = "gt"  # gt (Eq. 18) | ge
     conflict: str = "drop_in_client"  # Sec. 4.3 | drop_global | max_ratio
     dt_depths: tuple[int, ...] = (4, 5, 6, 7, 8, 9, 10, 11, 12)
@@ -86,7 +86,7 @@ class CoFEDAdultConfig:
     nn_batch_size: int = 50  # Sec. 5.2's local batch
     nn_update_batch_size: int = 50  # not 1000: see docs/results/cofed_adult.md
     nn_epochs: int = 50
-    nn_update_epochs: int = 10  # warm start from Step 1 (spec A5)
+    nn_update_epochs: int = 10  # warm start from Step 1, as the image CoFED's update
     seed: int = 0
     data_dir: str | None = None
 
@@ -269,7 +269,7 @@ def nn_init(seed: int, ids: jax.Array, widths: jax.Array, *, d: int, hidden: int
 def train_one(params, mask, x_all, idx, y, n, key, *, epochs: int, batch: int, lr: float):
     """One participant's Adam training (fresh state) on rows x_all[idx[:n]] f32 [., D] with
     labels y[:n]; idx, y [Nmax] are padded past n. Each epoch permutes the n valid rows and
-    takes ceil(Nmax / batch) steps; a step past n changes nothing (spec Sec. 2.4, Kernel E)."""
+    takes ceil(Nmax / batch) steps, one shape for the group; a step past n changes nothing."""
     model, tx = MaskedMLP(mask.shape[0]), optax.adam(lr)
     nmax, steps = idx.shape[0], -(-idx.shape[0] // batch)
 
@@ -415,7 +415,7 @@ def protocol(cfg: CoFEDAdultConfig, task: AdultTask, log=lambda msg: None) -> Ou
 
 def score(out: Outcome, y_test: np.ndarray) -> dict[str, Any]:
     """Fig. 9's numbers: per-participant accuracy after CoFED and local-only, relative accuracy
-    (mean of ratios, min, max, improved share; spec Sec. 3.8), the same per model type, and the
+    (mean of ratios, min, max, improved share), the same per model type, and the
     pseudo-label statistics (the public rows have no labels: R_i's share of the public set and
     how often R_i's label agrees with the participant's own upload)."""
     acc = (out.test_fed == y_test[None, :]).mean(1)

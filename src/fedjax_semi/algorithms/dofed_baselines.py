@@ -2,13 +2,13 @@
 on, the simulated clock, the labels they report and how they are scored.
 
 The paper leaves how it ran its baselines to an appendix that is not public; our choices
-(docs/choices.md, DoFed-SPP A19):
+(docs/choices.md: DoFed-SPP, the baselines' details):
 
 * Baselines train on D_train + D_lab, every label a client holds (`baseline_train_data`).
   D_unl is never trained on; it is only predicted, for the labeling accuracy.
 * `clients_per_round` clients, drawn uniformly, train and upload per round (K = 10, as Sec. 6.1).
-* Their clock is DoFed-SPP's (Sec. 6.1; docs/choices.md, DoFed-SPP A17, A18): the slowest
-  participant's compute plus the serialized uploads m / r_i, with the same random streams as
+* Their clock is DoFed-SPP's (Sec. 6.1's upload rates; compute time is our analytic model): the
+  slowest participant's compute plus the serialized uploads m / r_i, with the same random streams as
   DoFed-SPP, so client i uploads at the same rate in round t under every method (common random
   numbers); downloads and the server are free (Sec. 3.1).
 * Labeling accuracy (Sec. 6.2: the baselines label with their classification models): a
@@ -91,9 +91,9 @@ def concat_tables(a: RoleTable, b: RoleTable) -> RoleTable:
 
 
 def training_table(roles: dict[str, RoleTable], mode: str) -> RoleTable:
-    """What a baseline trains on [N, D]: D_train + D_lab (docs/choices.md, DoFed-SPP A19) or
-    D_train alone. With the generic fallback D_lab is D_train, so the union is D_train itself
-    (no duplicates)."""
+    """What a baseline trains on [N, D]: D_train + D_lab, all the labels a client holds (Local's
+    0.15 on CIFAR-10 SUBSET fits that reading), or D_train alone. With the generic fallback D_lab is
+    D_train, so the union is D_train itself (no duplicates)."""
     r = data_roles(roles)
     if mode == "train" or r.lab == r.train:
         return roles[r.train]

@@ -157,7 +157,7 @@ class DoFedSPP(TargetTaskMethod):
             round=jnp.zeros((), jnp.int32),
             global_vars={},  # no server model: the BS only relays uploads
             client_vars=tar0,  # the target models T_n, the ones evaluated
-            client_opt={},  # momentum restarts every round (docs/choices.md, DoFed-SPP A10)
+            client_opt={},  # momentum restarts every round (hyperparameters unstated)
             sim_time=jnp.zeros((), jnp.float32),
             extra=extra,
         )
@@ -219,10 +219,10 @@ class DoFedSPP(TargetTaskMethod):
     def budget_constants(
         self, counts: tuple[jax.Array, ...], extra: dict
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Eq. 26's (C1, C2, C3) for the slowest client (Sec. 4.4; docs/choices.md, DoFed-SPP
-        A25): counts are the valid sizes [N] of D_train, D_lab, D_unl. C1 = T/G minus the
-        compute that does not grow with B, C2 = seconds per labeling model, C3 = expected
-        seconds per upload."""
+        """Eq. 26's (C1, C2, C3) for the slowest client (Sec. 4.4 assumes identical devices;
+        docs/choices.md: DoFed-SPP, Ineq. 26 with unequal clients): counts are the valid sizes [N]
+        of D_train, D_lab, D_unl. C1 = T/G minus the compute that does not grow with B, C2 = seconds
+        per labeling model, C3 = expected seconds per upload."""
         c = self.cfg
         n_train, n_lab, n_unl = counts
         fixed = wireless.dofed_compute_time(
@@ -300,7 +300,7 @@ class DoFedSPP(TargetTaskMethod):
 
     def broadcast(self, cache: PyTree) -> PyTree:
         """The copies the BS broadcasts: the uploads, or their low-rank version (Sec. 4.5,
-        Algorithm 2 lines 7 and 19; docs/choices.md, DoFed-SPP A13)."""
+        Algorithm 2 lines 7 and 19; our reading of its "PCA": `low_rank`)."""
         return low_rank(cache, self.cfg.pca_rank) if self.cfg.pca_rank > 0 else cache
 
     # ------------------------------------------------------------------ Phases 2-4 (one client)
@@ -382,9 +382,10 @@ class DoFedSPP(TargetTaskMethod):
 
         Models are [N]-stacked. Losses: the broadcast copies `shown` off the diagonal, the own
         current R_n on it, target T_n, all on D_lab (lab [N, Dl]); distances: the uploads
-        `cache` (un-reduced when PCA is on: docs/choices.md, DoFed-SPP A13) and R_n to the own
-        R_n^prev, over every parameter (Theorem 1, Eq. 19; which models: A2 there). sr_prev
-        None: the first computation (degenerate rows become uniform, A4 there)."""
+        `cache` (un-reduced when PCA is on, so distances are exact) and R_n to the own R_n^prev,
+        over every parameter (Theorem 1, Eq. 19; its round indices disagree with Alg. 2 l.32:
+        docs/choices.md: DoFed-SPP, which models Eq. 19 compares). sr_prev None: the first
+        computation (rows of all 0, 0 / 0 in Eq. 19, become uniform)."""
         c = self.cfg
 
         def loss(v, table):
@@ -459,8 +460,8 @@ class DoFedSPP(TargetTaskMethod):
             n_label_degenerate=jnp.sum(plan.label_degenerate).astype(jnp.int32),
             sr_self=jnp.mean(jnp.diagonal(sr)),
             sr_entropy=jnp.mean(-jnp.sum(jnp.where(sr > 0, sr * jnp.log(p), 0.0), axis=1)),
-            # How much of each client's SR mass the uploaded set covered (docs/choices.md,
-            # DoFed-SPP A24).
+            # How much of each client's SR mass the uploaded set covered (with K = B Alg. 1
+            # has no incentive for diversity).
             sr_mass_uploaded=jnp.mean(jnp.sum(jnp.where(sel.chosen, ex["sr"], 0.0), axis=1)),
             sr_mass_uploaded_min=jnp.min(jnp.sum(jnp.where(sel.chosen, ex["sr"], 0.0), axis=1)),
             cache_age=jnp.mean((t - plan.cache_round).astype(jnp.float32)),
@@ -481,7 +482,8 @@ class DoFedSPP(TargetTaskMethod):
 
     def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
         """Classification accuracy (Sec. 6.1): each target model T_n on its own test split, and
-        T_n on its D_unl as a secondary metric (docs/choices.md, DoFed-SPP A5)."""
+        T_n on its D_unl as a secondary metric (the paper defines no test set; docs/choices.md:
+        DoFed-SPP, the test data)."""
         return evaluate_clients(self.evaluator, state, fed, mapper, per_client=True)
 
 

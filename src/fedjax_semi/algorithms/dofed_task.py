@@ -62,10 +62,10 @@ def client_evaluator(model: Model, *, per_client: bool):
 def evaluate_clients(
     evaluator, state: FLState, fed: FederatedData, mapper: Mapper, *, per_client: bool
 ) -> dict:
-    """Classification accuracy (Sec. 6.1): each client's model (per_client: its own
-    `client_vars` row; else the global model) on its own test split (docs/choices.md, DoFed-SPP
-    A5), and on its D_unl (A5's secondary metric; for a baseline also its labeling accuracy,
-    Sec. 6.2). evaluator comes from `client_evaluator`."""
+    """Classification accuracy (Sec. 6.1): each client's model (per_client: its own `client_vars`
+    row; else the global model) on its own held-out test split (the paper defines none;
+    docs/choices.md: DoFed-SPP, the test data), and on its D_unl (a secondary metric; for a baseline
+    also its labeling accuracy, Sec. 6.2). evaluator comes from `client_evaluator`."""
     out, checks = {}, {}
     unl = data_roles(fed.roles).unl
     for key, role in (("client", "test"), ("unl", unl)):
@@ -139,11 +139,12 @@ CHOICES = {
 
 @dataclasses.dataclass
 class DoFedSPPConfig(AlgorithmConfig):
-    """DoFed-SPP's knobs (the paper's Secs. 4-5; choices it leaves open are knobs: "A<n>" below
-    is docs/choices.md, DoFed-SPP A<n>). The reciprocal models train with lr (gamma),
-    local_epochs and batch_size; optimizer and momentum apply to both models and restart every
-    round (A10). Every client trains every round (clients_per_round is not used); selection_k
-    clients upload. The clock is `systems`' (uploads, seconds per sample)."""
+    """DoFed-SPP's knobs (the paper's Secs. 4-5; what it leaves open is a knob, with our default,
+    docs/choices.md: DoFed-SPP). The reciprocal models train with lr (gamma), local_epochs and
+    batch_size; optimizer and momentum apply to both models and restart every round (the
+    hyperparameters are in the paper's missing appendix). Every client trains every round
+    (clients_per_round is not used); selection_k clients upload. The clock is `systems`' (uploads,
+    seconds per sample)."""
 
     name: str = "dofed_spp"
     init_mode: str = "shared"  # shared (one init broadcast) | per_client initial models
@@ -151,18 +152,18 @@ class DoFedSPPConfig(AlgorithmConfig):
     lr_tar: float = 0.01  # alpha: student (target model) learning rate
     local_epochs_tar: int = 1  # E_tar: student epochs per round over D^p = D_unl + D_lab
     sr_gamma: float | None = None  # gamma of Eq. 19; null = lr (the reciprocal learning rate)
-    sr_g1: Any = 0.0  # G1 >= 0, or "auto": max pairwise distance of the current models (A1)
-    sr_g2: float = 3.0  # G2 >= 0, a loss margin (3 for the CNN, 1 for the text model, A1)
+    sr_g1: Any = 0.0  # G1 >= 0, or "auto": max pairwise distance (Assumption 1 literally)
+    sr_g2: float = 3.0  # G2 >= 0, a loss margin (3 for the CNN, 1 for the text model)
     sr_eps: float = 1e-8  # floor of the distances in Eq. 19
-    sr_target_version: str = "pre_update"  # target model of Eq. 19: pre_update | post_update (A2)
-    sr_degenerate: str = "keep_previous"  # rows with every a = 0: keep_previous | uniform (A4)
-    sr_exclude_self: bool = False  # drop S[n, n] (A3)
+    sr_target_version: str = "pre_update"  # target model of Eq. 19: pre_update | post_update
+    sr_degenerate: str = "keep_previous"  # rows of Eq. 19 all 0 (0 / 0): keep_previous | uniform
+    sr_exclude_self: bool = False  # drop S[n, n] (one local update away, so it can dominate)
     selection_mode: str = "fixed"  # fixed (selection_k, selection_b) | budget (Ineq. 26)
     selection_k: int = 10  # K uploaders per round (fixed mode)
     selection_b: int = 10  # B labeling models per client, 1 <= B <= K (fixed mode)
     selection_time_per_round_s: float | None = None  # T / G of Ineq. 25, budget mode only
     label_renormalize: bool = False  # Eq. 20 weights over B summing to 1 (argmax unchanged)
-    pca_rank: int = 0  # > 0: low-rank SVD of every >= 2-D weight before broadcast; 0 off (A13)
+    pca_rank: int = 0  # > 0: low-rank SVD of every >= 2-D weight before broadcast (Sec. 4.5); 0 off
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -219,10 +220,10 @@ def check_selection_k(cfg: DoFedSPPConfig, num_clients: int) -> None:
 
 
 def low_rank(variables: PyTree, rank: int) -> PyTree:
-    """Our reading of Sec. 4.5's "PCA" (docs/choices.md, DoFed-SPP A13): every >= 2-D weight of
-    each model, reshaped to [fan_in, out], replaced by its rank-`rank` truncated SVD and
-    reconstructed to its full shape, so the same model code runs on the reduced copy. Leaves
-    lead with the client axis [N]; biases and batch statistics are left alone."""
+    """Our reading of Sec. 4.5's "PCA" (a single parameter vector has no principal components):
+    every >= 2-D weight of each model, reshaped to [fan_in, out], replaced by its rank-`rank`
+    truncated SVD and reconstructed to its full shape, so the same model code runs on the reduced
+    copy. Leaves lead with the client axis [N]; biases and batch statistics are left alone."""
 
     def leaf(w):
         if w.ndim < 3:

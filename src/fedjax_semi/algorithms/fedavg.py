@@ -15,12 +15,12 @@ One mechanism, several knobs (McMahan et al. 2017, Li et al. 2020):
 * local: nothing shared (algorithm.shared=none); each client keeps its model.
 
 On DoFed-SPP's SUBSET/NORMAL partitions (roles `target_labeled`, `target_unlabeled`) fedavg and
-local are DoFed-SPP's baselines (its Sec. 6.1; docs/choices.md, DoFed-SPP A19), on the same
-footing as FedFomo and FedBE (`dofed_baselines.py`): they train on D_train + D_lab
-(`baseline_train_data`), Local trains every client every round, the simulated clock advances by
-the slowest participant's compute plus its uploads (Local uploads nothing), and `finish` reports
-each client model's hard labels of its D_unl as `pl_index` / `pl_label`, which the engine scores
-into `pl_acc`.
+local are DoFed-SPP's baselines (its Sec. 6.1; docs/choices.md: DoFed-SPP, the baselines' details),
+on the same footing as FedFomo and FedBE (`dofed_baselines.py`): they train on D_train + D_lab
+(`baseline_train_data`), Local trains every client every round, the simulated clock advances by the
+slowest participant's compute plus its uploads (Local uploads nothing), and `finish` reports each
+client model's hard labels of its D_unl as `pl_index` / `pl_label`, which the engine scores into
+`pl_acc`.
 """
 
 from __future__ import annotations
@@ -313,7 +313,7 @@ class FedAvgFamily(Method):
             out["client_acc"], out["personal_acc"] = client_accuracy(r)
             out.update(sanity(r, prefix="personal_" if self.has_global_model else ""))
             out["accuracy"] = out["global_acc"] if self.has_global_model else out["personal_acc"]
-        # Each client's model on its D_unl (docs/choices.md, DoFed-SPP A5).
+        # Each client's model on its D_unl, a secondary metric beside its held-out test split.
         if dofed.is_target_task(fed.roles):
             unl = fed.roles[dofed.data_roles(fed.roles).unl]
             xs = {"table": unl, "personal": state.client_vars}

@@ -1,5 +1,6 @@
-"""FedBE: a Bayesian model ensemble distilled into the global model (Chen & Chao, ICLR 2021), as
-the baseline of DoFed-SPP (its Sec. 6.1; our details: docs/choices.md, DoFed-SPP A19).
+"""FedBE: a Bayesian model ensemble distilled into the global model (Chen & Chao, ICLR 2021), as the
+baseline of DoFed-SPP (its Sec. 6.1; our details: docs/choices.md: DoFed-SPP, the baselines'
+details).
 
     for t = 1..rounds:
       S = clients_per_round clients, uniformly                                 (prepare)
@@ -14,14 +15,13 @@ the baseline of DoFed-SPP (its Sec. 6.1; our details: docs/choices.md, DoFed-SPP
 Every client uses the global model w (classification, and labeling as DoFed-SPP's Sec. 6.2 says
 of its baselines).
 
-The server pool (`fedbe_pool`): DoFed-SPP's problem (DoLP) has no server data. Our default
-(docs/choices.md, DoFed-SPP A19) is 5,000 inputs of the train split with no labels used
-(`train_split`: every input no client tests on and no server set holds, i.e. the official train
-split under SUBSET / NORMAL, clients' data included; overlap with client data is allowed).
-Drawing it class-balanced would need the hidden labels, so the draw is uniform: balanced in
-expectation on the balanced datasets of the paper. The other choices are `clients_unlabeled`
-(the union of every client's unlabeled target set, pooled at the server) and `server` (the
-partition's own server set, `server_unlabeled` or `public`).
+The server pool (`fedbe_pool`): DoFed-SPP's problem (DoLP) has no server data. Our default is 5,000
+inputs of the train split with no labels used (`train_split`: every input no client tests on and no
+server set holds, i.e. the official train split under SUBSET / NORMAL, clients' data included;
+overlap with client data is allowed). Drawing it class-balanced would need the hidden labels, so the
+draw is uniform: balanced in expectation on the balanced datasets of the paper. The other choices
+are `clients_unlabeled` (the union of every client's unlabeled target set, pooled at the server) and
+`server` (the partition's own server set, `server_unlabeled` or `public`).
 
 Batch statistics, if the model has any, are not part of the Gaussian: samples carry mu's.
 """
@@ -444,9 +444,9 @@ class FedBE(TargetTaskMethod):
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
-        """The global model on every client's target test split and D_unl (DoFed-SPP Sec. 6.1;
-        docs/choices.md, DoFed-SPP A5), on the server test set, and the accuracy of the last
-        ensemble pseudo-labels of the pool."""
+        """The global model on every client's target test split and D_unl (DoFed-SPP Sec. 6.1; the
+        paper defines no test set: docs/choices.md: DoFed-SPP, the test data), on the server test
+        set, and the accuracy of the last ensemble pseudo-labels of the pool."""
         out = common.evaluate_clients(self.evaluator, state, fed, mapper, per_client=False)
         g = evaluate_indices(
             self.server_model,

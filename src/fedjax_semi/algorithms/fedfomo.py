@@ -1,5 +1,6 @@
 """FedFomo: personalized FL by first-order model optimization (Zhang et al., ICLR 2021), as the
-baseline of DoFed-SPP (its Sec. 6.1; our details: docs/choices.md, DoFed-SPP A19).
+baseline of DoFed-SPP (its Sec. 6.1; our details: docs/choices.md: DoFed-SPP, the baselines'
+details).
 
 Every client keeps one personalized model theta_n; the server stores each client's latest
 upload and an affinity matrix P [N, N]. Because a client uploads the model it keeps, the store
@@ -17,12 +18,12 @@ is `client_vars` itself plus a mask of who has uploaded.
       upload theta_n, n in S; P[n, ids[n]] += raw w; clock += compute + uploads  (finish)
 
 The weights, the affinity update and the epsilon-greedy downloads are the kernels of
-`kernels.fedfomo_weights` (the weights are `kernels.similarity`'s Eq. 19 kernel). Validation
-data is the labeled target set D_lab (docs/choices.md, DoFed-SPP A19), so the personalization
-aims at the client's target distribution; D_unl is never trained on. A client is scored with
-its personalized model, on its target test split (classification) and on D_unl (labeling, as
-DoFed-SPP's Sec. 6.2 says of its baselines). A peer that has never uploaded cannot be
-downloaded (its slot is invalid), so round 1 is local training for everyone.
+`kernels.fedfomo_weights` (the weights are `kernels.similarity`'s Eq. 19 kernel). Validation data is
+the labeled target set D_lab, so the personalization aims at the client's target distribution; D_unl
+is never trained on. A client is scored with its personalized model, on its target test split
+(classification) and on D_unl (labeling, as DoFed-SPP's Sec. 6.2 says of its baselines). A peer that
+has never uploaded cannot be downloaded (its slot is invalid), so round 1 is local training for
+everyone.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ AFFINITY = ("raw", "normalized")
 class FedFomoConfig(AlgorithmConfig):
     """FedFomo (Zhang et al. 2021) as DoFed-SPP's baseline; its local training reuses lr,
     local_epochs, batch_size, optimizer and momentum; the clock is `systems`'. M and epsilon are
-    our choices (docs/choices.md, DoFed-SPP A19)."""
+    our choices (the paper's appendix with them is not public; epsilon from FedFomo's code)."""
 
     name: str = "fedfomo"
     fedfomo_m: int = 10  # M peer models each participating client downloads
@@ -313,7 +314,7 @@ class FedFomo(TargetTaskMethod):
 
     def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
         """Each personalized model on its client's target test split and D_unl (DoFed-SPP
-        Sec. 6.1; docs/choices.md, DoFed-SPP A5)."""
+        Sec. 6.1; docs/choices.md: DoFed-SPP, the test data)."""
         return common.evaluate_clients(self.evaluator, state, fed, mapper, per_client=True)
 
 

@@ -122,7 +122,7 @@ class HeteroAdaFedSemi(AdaFedSemi):
 
     def init(self, key: jax.Array, fed: FederatedData) -> FLState:
         """Ada-FedSemi's state and each client's profiled estimates psi_hat, gamma_hat [M]: a
-        one-off benchmark of the full model before round 1 (docs/choices.md A22)."""
+        one-off benchmark of the full model before round 1 (Eqs. 24-25 need a k = 0 time)."""
         state = super().init(key, fed)
         t_cp, t_cm = self._times(key, jnp.int32(0), jnp.full((self.num_clients,), NUM_PARTS))
         psi, gamma = depths.capability(self.pi[-1], self.omega[-1], t_cp, t_cm)
@@ -138,7 +138,7 @@ class HeteroAdaFedSemi(AdaFedSemi):
         )
 
     def client_times(self, plan: AdaPlan, key: jax.Array, r: jax.Array):
-        """Each client's (t^cp, t^cm) for its sub-model H^{d_m} and its bytes, [M] each (A21)."""
+        """Each client's (t^cp, t^cm) for its sub-model H^{d_m} and its bytes [M] (Table 9)."""
         t_cp, t_cm = self._times(key, r, plan.depth)
         size = jnp.asarray(self.cfg.part_bytes, jnp.float32)[jnp.clip(plan.depth, 1) - 1]
         return t_cp, t_cm, size
@@ -181,7 +181,7 @@ class HeteroAdaFedSemi(AdaFedSemi):
         new, metrics = super().finish(state, plan, out, key)
         ex, r = state.extra, state.round + 1
         # Eqs. 24-25 from the times the selected clients report (the same draws as the round's
-        # clock); the others keep their last estimate (A22), and an ended run keeps them all.
+        # clock); the others keep their last one (nothing newer), and an ended run keeps them all.
         t_cp, t_cm, _ = self.client_times(plan, key, r)
         d = jnp.clip(plan.depth, 1, NUM_PARTS) - 1
         psi, gamma = depths.capability(self.pi[d], self.omega[d], t_cp, t_cm)

@@ -1,6 +1,7 @@
 """HeteroAda-FedSemi's config: Ada-FedSemi's knobs (ada_fedsemi_config.py) plus those of its
 Sec. 4 (multi-exit sub-models, Alg. 3's clustering) and the choices the paper leaves open
-(docs/choices.md, Ada-FedSemi A18-A23). Beside `hetero_ada.py`, which reads it.
+(docs/choices.md: Ada-FedSemi, from the auxiliary classifiers to Alg. 3's details). Beside
+`hetero_ada.py`, which reads it.
 """
 
 from __future__ import annotations
@@ -29,16 +30,16 @@ class HeteroAdaConfig(AdaFedSemiConfig):
     """HeteroAda-FedSemi's knobs on top of Ada-FedSemi's (both agents as they are).
 
     part_bytes, part_loads: the size (bytes) and normalised training load of each sub-model
-        H^1 .. H^L on the simulated clock and in the traffic (Table 9; A18, A21: the paper's
+        H^1 .. H^L on the simulated clock and in the traffic (Table 9: the paper's
         measured constants, not the run model's parameter count or FLOPs).
     detach_between_parts: stop the gradient at each part's input (Eq. 21, exit b's loss trains
-        part b only); false: joint backprop of sum_{b <= d} f^b (Eq. 22; A19).
+        part b only); false: joint backprop of sum_{b <= d} f^b (Eq. 22).
     server_exit_losses: the server's pseudo-label epoch on the sum of every exit's loss (all)
-        or on the final exit's (final); pseudo-labels and validation use the final exit (A20).
+        or on the final exit's (final); pseudo-labels and validation use the final exit (not said).
     kmeans_restarts: Alg. 3's random initialisations, the lowest within-cluster SSE kept
         (1: the paper's single draw); kmeans_max_iter: its iteration cap; min_rel_gap: clusters
         whose centroids differ by less than this fraction take the faster one's depth (null:
-        off, the paper; A23).
+        off, the paper).
     """
 
     name: str = "hetero_ada"

@@ -1,5 +1,6 @@
 """pFedMe (Dinh et al., 2020) with FixMatch local loss: personalized models by Moreau envelopes
-(a baseline of UM-pFSSL, its Sec. 6.1; our settings: docs/choices.md, UM-pFSSL A37).
+(a baseline of UM-pFSSL, its Sec. 6.1; our settings: docs/choices.md: UM-pFSSL, the baselines'
+settings).
 
     for each round:
         S = sample clients; w_k = w (the global model)

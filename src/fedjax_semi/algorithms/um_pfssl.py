@@ -16,8 +16,7 @@ Semi-Supervised Learning"; the paper's Alg. 1 and Alg. 2).
             h. UPLOAD   pool[k] = w_k, pool_ver[k] = t
 
 Every step is array code over the client's M helper slots; the engine maps it over the cohort.
-Where the paper is silent we follow docs/choices.md, UM-pFSSL (the start-of-round reads above
-are its A24).
+Where the paper is silent, our choices are in docs/choices.md: UM-pFSSL.
 """
 
 from __future__ import annotations
@@ -132,8 +131,7 @@ class UMPFSSL(FedAvgFamily):
         return state.replace(extra=extra)
 
     has_warmup: ClassVar[bool] = True
-    # Eq. 11's chosen helper labels vs the own model's vs "some helper right" (hidden labels;
-    # pl_helper_label [S, M, N] scores a row right when any helper is).
+    # Eq. 11's chosen labels, the own model's, and "any helper right" ([S, M, N], hidden labels).
     label_scores: ClassVar[dict[str, str]] = {
         "pl_label": "pl_acc", "pl_self_label": "pl_self_acc", "pl_helper_label": "pl_any_helper_acc"
     }  # fmt: skip
@@ -253,8 +251,7 @@ class UMPFSSL(FedAvgFamily):
         if c.helper_cache == "fresh":
             cache, cver = gather(pool, tail), pool_ver[tail]
 
-        # b. REPLACE: R random candidates against the R worst non-self helpers, while searching
-        # (t <= F, or during the client's first F participations).
+        # b. REPLACE (Alg. 2): R random candidates vs the R worst non-self helpers, while searching.
         corr, searching = None, jnp.bool_(replace)
         if replace:
             search = functools.partial(self.replace_helpers, inp, shared, mu)
@@ -266,8 +263,7 @@ class UMPFSSL(FedAvgFamily):
                 hidx, cache, cver, corr = jax.lax.cond(searching, search, keep, (hidx, cache, cver))
         n_replace = jnp.where(searching, R, 0).astype(jnp.int32)
 
-        # c. REFRESH (refresh_trigger; t % nu == 0 by default): re-download kept helpers whose
-        # upload is newer than our copy.
+        # c. REFRESH (t % nu == 0 by default): re-download kept helpers uploaded since our copy.
         n_update = jnp.int32(0)
         due = jnp.bool_(refresh)  # per_client_elapsed: nu rounds since this client's last one
         if inp.last is not None:
@@ -343,8 +339,7 @@ class UMPFSSL(FedAvgFamily):
             "pl_kept": masked_mean(keep.astype(jnp.float32), unl_mask),
             "pl_index": unl.idx,
             "pl_label": jnp.where(unl_mask & keep, jnp.argmax(y_hat, -1), -1),
-            # What the own model (before aggregation) and each helper predict: was the right
-            # label among the helpers, and did the least-uncertain rule pick it?
+            # The own (pre-aggregation) model's and each helper's labels: was the right one there?
             "pl_self_label": jnp.where(unl_mask, jnp.argmax(st["p_bar_u"][0], -1), -1),
             "pl_helper_label": jnp.where(
                 unl_mask & hval[:, None], jnp.argmax(st["p_bar_u"], -1), -1
@@ -357,7 +352,7 @@ class UMPFSSL(FedAvgFamily):
     def aggregate(self, corr, valid, helpers, own):
         """Alg. 1 l.14-15: the Corr-weighted average of the helpers [M, ...] (valid [M]).
         aggregate_bn_stats=false keeps the client's own BatchNorm running statistics instead
-        of averaging them (docs/choices.md, UM-pFSSL A21)."""
+        of averaging them, as FedBN does (the paper does not say which)."""
         omega = aggregation_weights(corr[None], valid[None])
         agg = personalized_average(omega, jax.tree.map(lambda a: a[None], helpers))
         agg = jax.tree.map(lambda a: a[0], agg)
@@ -366,9 +361,9 @@ class UMPFSSL(FedAvgFamily):
         return agg
 
     def train_personal(self, agg, inp, shared, y_hat, keep, mu):
-        """E local epochs from the aggregated model (docs/choices.md, UM-pFSSL A3); momentum
-        starts fresh (A22 there). Unlabeled samples with keep [Nu] false (below pl_threshold) get
-        weight 0.
+        """E local epochs (not given in the paper) from the aggregated model; momentum starts
+        fresh, as in standard FL. Unlabeled samples with keep [Nu] false (below pl_threshold)
+        get weight 0.
 
         joint: each epoch shuffles D_k = D_k^s + D_k^u (compacted into one table row) with
         per-sample weights mu (labeled, one-hot target) and 1 - mu (unlabeled, y_hat).
@@ -437,8 +432,8 @@ class UMPFSSL(FedAvgFamily):
 
     def um_objective(self, params, model_state, batch, rng, anchor, pl_on):
         """(mu CE(labeled) + (1 - mu) KL(y_hat || f_w)) summed over the batch / n_valid (Eq. 1;
-        docs/choices.md, UM-pFSSL A15, A16). Labeled targets are one-hot, for which KL equals
-        CE. kl_direction=model_to_target: rows with batch["reverse"] (the pseudo-labeled ones)
+        Eq. 5's KL in the distillation direction, defined for one-hot targets, where it equals
+        CE). kl_direction=model_to_target: rows with batch["reverse"] (the pseudo-labeled ones)
         take KL(f_w || y_hat), Alg. 1 l.20 as printed."""
         logits, new_state = self.model.apply(
             {"params": params, **model_state}, batch["x"], train=True, rng=rng, mask=batch["valid"]

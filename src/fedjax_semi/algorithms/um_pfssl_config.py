@@ -26,33 +26,33 @@ CHOICES = {
 
 @dataclasses.dataclass
 class UMPFSSLConfig(FedAvgConfig):
-    """UM-pFSSL's knobs (the paper's Sec. 4, Algorithms 1-2 and Sec. 6.1; choices the paper
-    leaves open are knobs: "A<n>" below is docs/choices.md, UM-pFSSL A<n>). Local training reuses
-    the FedAvg family's knobs."""
+    """UM-pFSSL's knobs (the paper's Sec. 4, Algorithms 1-2 and Sec. 6.1; what the paper leaves
+    open is a knob, with our default, docs/choices.md: UM-pFSSL). Local training reuses the
+    FedAvg family's knobs."""
 
     name: str = "um_pfssl"
-    helper_list_size: int = 5  # M, self included (A6)
-    num_replace: int = 2  # R (A6)
-    search_rounds: int = 20  # F: helper search in rounds t <= F (A6, A9)
-    refresh_period: int = 10  # nu: refresh kept helpers when t % nu == 0 (A8)
-    mc_samples: int = 10  # T_mc (A4)
-    corr_form: str = "inverse"  # inverse (Eq. 13 literal) | complement (A11)
-    pseudo_label: str = "soft"  # soft | hard (A14)
-    self_pl_model: str = "pre_aggregation"  # pre_aggregation | post_aggregation (A17)
-    refresh_lowest_r: bool = False  # literal Alg. 2: the R lowest slots are not refreshed (A20)
-    helper_cache: str = "exact"  # exact (stale local copies) | fresh (the latest upload), A20
-    warmup_epochs: int = 5  # E_warm: labeled-only local epochs of every client before round 1 (A5)
-    entropy_reduction: str = "mean"  # mean (H in [0, 1], A10) | sum (Eq. 12 literally)
-    entropy_eps: float = 1e-6  # floor of H in Corr's reciprocal term (A11)
-    acc_mode: str = "mc_mean"  # Acc(k|j) from the MC mean | deterministic (dropout off), A12
-    loss_schedule: str = "joint"  # joint (Eq. 1's mu weights) | alternating (Alg. 1 l.19-20), A16
-    search_schedule: str = "global_rounds"  # t <= F | per_client_participations (first F), A43
-    # When kept helpers refresh (A8): t % nu == 0 | >= nu rounds since this client's last
-    # refresh | every round t >= nu (Alg. 1 l.12 literally).
+    helper_list_size: int = 5  # M, self included (Sec. 6.1 gives M, R, F inconsistently)
+    num_replace: int = 2  # R (Sec. 6.1)
+    search_rounds: int = 20  # F: search in rounds t <= F (Sec. 6.1 "first F"; Alg. 1 l.10: t < F)
+    refresh_period: int = 10  # nu: refresh kept helpers when t % nu == 0 (Sec. 4.2)
+    mc_samples: int = 10  # T_mc of Eq. 9, not given in the paper
+    corr_form: str = "inverse"  # inverse (Eq. 13 literal) | complement ((1 - mu)(1 - H), bounded)
+    pseudo_label: str = "soft"  # soft (MC mean of Eq. 11's helper) | hard (one-hot)
+    self_pl_model: str = "pre_aggregation"  # self slot labels with: pre | post (Alg. 1 l.15-17)
+    refresh_lowest_r: bool = False  # literal Alg. 2: the R lowest slots are not refreshed
+    helper_cache: str = "exact"  # exact (stale local copies) | fresh (the latest upload)
+    warmup_epochs: int = 5  # E_warm: labeled-only epochs before round 1 (Alg. 1 l.4, unstated)
+    entropy_reduction: str = "mean"  # mean (H in [0, 1], as the paper reasons) | sum (Eq. 12)
+    entropy_eps: float = 1e-6  # floor of H in Corr's reciprocal term (Eq. 13)
+    acc_mode: str = "mc_mean"  # Eq. 13's Acc from the MC mean | deterministic (dropout off)
+    loss_schedule: str = "joint"  # joint (Eq. 1's mu weights) | alternating (Alg. 1 l.19-20)
+    search_schedule: str = "global_rounds"  # t <= F | per_client_participations (first F)
+    # When kept helpers refresh: t % nu == 0 (Sec. 4.2, 6.2) | >= nu rounds since this client's
+    # last refresh | every round t >= nu (Alg. 1 l.12 literally).
     refresh_trigger: str = "global_mod"
-    kl_direction: str = "target_to_model"  # KL(y_hat || f_w) | KL(f_w || y_hat) as printed, A15
-    aggregate_bn_stats: bool = True  # BN running stats Corr-averaged too | kept local (A21)
-    mc_bn_mode: str = "running"  # BN in the MC passes: running stats | batch stats (A26)
+    kl_direction: str = "target_to_model"  # KL(y_hat || f_w) | KL(f_w || y_hat) as in Eq. 5
+    aggregate_bn_stats: bool = True  # BN running stats Corr-averaged too | kept local (FedBN)
+    mc_bn_mode: str = "running"  # BN in the MC passes of Eq. 9: running | batch stats
 
     pl_threshold_nullable: ClassVar[bool] = True  # null keeps every pseudo-label
 
@@ -90,10 +90,11 @@ class UMPFSSLConfig(FedAvgConfig):
 
     def round_flags(self, t: int) -> tuple[bool, bool]:
         """(replace possible, refresh possible) in round t, compiled as static switches.
-        Refresh (docs/choices.md, UM-pFSSL A8): global_mod t % nu == 0; every_round_after_nu
-        t >= nu (Alg. 1 l.12); per_client_elapsed t >= nu, and each sampled client refreshes if
-        nu rounds have passed since its last refresh. With search_schedule=
-        per_client_participations each client decides in the round whether it searches."""
+        Refresh (Sec. 4.2 and Alg. 1 l.12 disagree; docs/choices.md: UM-pFSSL, when kept helpers
+        are refreshed): global_mod t % nu == 0; every_round_after_nu t >= nu (Alg. 1 l.12);
+        per_client_elapsed t >= nu, and each sampled client refreshes if nu rounds have passed
+        since its last refresh. With search_schedule=per_client_participations each client
+        decides in the round whether it searches."""
         searching = t <= self.search_rounds if self.search_schedule == "global_rounds" else True
         if self.refresh_trigger == "global_mod":
             return searching, t % self.refresh_period == 0

@@ -23,7 +23,7 @@ from fedjax_semi.algorithms.cofed_adult import TYPES, CoFEDAdultConfig, run
 from fedjax_semi.errors import ConfigError, bad
 from fedjax_semi.results.cofed_sweep import mean_std
 
-ROWS = (  # (metric, the paper's value: Sec. 5.7 and spec Sec. 5.3)
+ROWS = (  # (metric, the paper's value: Sec. 5.7)
     ("local_acc", ""), ("accuracy", ""), ("rel_acc", "1.085"), ("rel_acc_min", ""),
     ("rel_acc_max", "> 1.25"), ("improved_frac", "most"), ("rel_of_means", ""),
     *((f"{t}_{m}", "") for t in TYPES for m in ("local_acc", "accuracy", "rel_acc")),

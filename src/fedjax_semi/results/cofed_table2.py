@@ -12,7 +12,8 @@ accuracy (metrics.jsonl), and its ratio is of means (`best_of_means`), said so i
         --cofed-single sweep_single.jsonl --runs pfedavg=DIR fedmd=DIR [--out table2.md]
 
 The CoFED reference is the single-architecture run for Personalized FedAvg (one shared model,
-the paper's Sec. 5.8) and the heterogeneous one for FedMD (CoFED spec A13).
+the paper's Sec. 5.8) and the heterogeneous one for FedMD (docs/choices.md:
+CoFED, the Table 2 metric).
 """
 
 from __future__ import annotations
