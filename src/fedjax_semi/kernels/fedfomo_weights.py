@@ -4,8 +4,9 @@ models, the server's affinity matrix and the epsilon-greedy choice of the downlo
 
 The weights are DoFed-SPP's Eq. 19 kernel (`similarity.similarity_ratios`) with G1 = G2 = 0 and
 gamma = 1. DoFed-SPP's paper leaves how it ran FedFomo to an appendix that is not public; the
-validation data (D_lab), M and epsilon are our choices (docs/choices.md, DoFed-SPP A19). Row n
-of an `[N, M]` matrix belongs to client n, column m to its m-th downloaded model.
+validation data (D_lab), M and epsilon are our choices (docs/choices.md: DoFed-SPP, the
+baselines' details). Row n of an `[N, M]` matrix belongs to client n, column m to its m-th
+downloaded model.
 """
 
 from __future__ import annotations

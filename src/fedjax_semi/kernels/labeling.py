@@ -1,4 +1,4 @@
-"""CFSL's labeling kernels (Hamood et al., Eqs. 17-20 and problems P2, P3; spec cfsl.md 2.7):
+"""CFSL's labeling kernels (Hamood et al., Eqs. 17-20 and problems P2, P3):
 confidence thresholding of pseudo-labels (Eqs. 17-18), the utility U[m, i] of cluster model m
 for worker i, the best-performing specialized model (BM, P2's one-hot z_i), the weighted
 ensemble (EM, P3's alpha_i with probability-level averaging) and the labeling accuracy.
@@ -23,7 +23,7 @@ import numpy as np
 from fedjax_semi.errors import bad, check_choice
 from fedjax_semi.kernels.checks import as_float, concrete
 
-WEIGHTINGS = ("proportional", "softmax")  # option `ensemble_weighting` (spec 2.7.2)
+WEIGHTINGS = ("proportional", "softmax")  # option `ensemble_weighting`: P3's alpha from U
 
 
 def _check_shape(key: str, shape: tuple[int, ...], want: tuple[int, ...], allowed: str) -> None:
@@ -103,12 +103,12 @@ def mean_confidence(probs: jax.Array, mask: jax.Array) -> jax.Array:
     return total / jnp.maximum(n, 1)
 
 
-# ----------------------------------------------------------------------------- utility (A8)
+# ----------------------------------------------------------------------------- utility
 
 
 def accuracy_utility(correct_counts: jax.Array, counts: jax.Array, active: jax.Array) -> jax.Array:
-    """U[m, i] = accuracy of model m on worker i's labeled set D_i^l (spec 2.7.1, `utility:
-    labeled_acc`) -> f32 [K, C].
+    """U[m, i] = accuracy of model m on worker i's labeled set D_i^l, the only label signal
+    a worker has -> f32 [K, C].
 
     correct_counts [K, C] int (`correct_count` per model), counts [C] = |D_i^l|, active [K]
     bool. Inactive slots get -inf, so no argmax can choose them; a worker with no labeled
@@ -188,7 +188,7 @@ def ensemble_weights(
     mode: str = "proportional",
     temperature: float = 0.1,
 ) -> jax.Array:
-    """P3's alpha_{i, m} from the utility (spec 2.7.2) -> f32 [C, K].
+    """P3's alpha_{i, m} from the utility -> f32 [C, K].
 
     utility [K, C] (>= 0 on active slots for `proportional`), active [K] bool.
     `proportional`: alpha_{i, m} = U[m, i] / sum_{m' active} U[m', i], uniform over the active
@@ -242,7 +242,7 @@ def accumulate_ensemble(alpha_m: jax.Array, probs_m: jax.Array, acc: jax.Array) 
 def labeling_accuracy(
     pseudo_y: jax.Array, accepted: jax.Array, true_y: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Labeling accuracy pooled over workers (spec 5.3): correct accepted / accepted.
+    """Labeling accuracy pooled over workers: correct accepted / accepted.
 
     pseudo_y [C, N], accepted [C, N] bool, true_y [C, N] (the hidden labels of D_i^u) ->
     (acc f32 [], correct int32 [], accepted int32 []); acc is 0 when nothing is accepted.

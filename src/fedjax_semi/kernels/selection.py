@@ -1,6 +1,6 @@
 """Selection kernels: sampling without replacement under exclusions, and the best-R merge of
 incumbents and candidates used by UM-pFSSL's helper search (Algorithm 1 line 9, Algorithm 2
-REPLACEHELPER; docs/choices.md, UM-pFSSL A18, A19, A23)."""
+REPLACEHELPER, whose pairing of candidates and incumbents the paper leaves open)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def merge_best(
     inc_* [S, R], cand_* [S, R] -> (ids [S, R], corr [S, R], pos [S, R]) where pos indexes
     concat(incumbents, candidates): pos >= R marks a candidate that got in.
     Equivalent to Alg. 2's greedy swap: sort candidates descending and incumbents ascending and
-    swap while the candidate's Corr is strictly greater (docs/choices.md, UM-pFSSL A18).
+    swap while the candidate's Corr is strictly greater ("if its Corr is higher").
     """
     chex.assert_rank(inc_ids, 2)
     chex.assert_equal_shape([inc_ids, inc_corr, cand_ids, cand_corr])

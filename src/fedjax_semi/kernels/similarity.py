@@ -3,7 +3,7 @@
 time budget (Ineq. 26), the upload bookkeeping, and the SR-weighted ensemble pseudo-labels
 (Eq. 20). The FedFomo baseline reuses the similarity kernel with its own constants; its kernels
 are in `kernels.fedfomo_weights`. Our answers to what the paper leaves open are in
-docs/choices.md (DoFed-SPP section), cited below by id.
+docs/choices.md: DoFed-SPP.
 
 Everything here is pure jnp over fixed shapes. `N` is the client axis, `P` the flattened
 parameter count, `D` a per-client padded sample count and `Q` the number of classes. Row n of an
@@ -24,7 +24,7 @@ from fedjax_semi.kernels.checks import as_float, check_choice, check_number, con
 
 PyTree = Any
 
-# Defaults for the image CNN; the paper gives no values (docs/choices.md, DoFed-SPP A1, A10).
+# Defaults for the image CNN; the paper gives no values (G1 literal would swamp the loss term).
 GAMMA = 0.01  # the reciprocal models' learning rate
 G1 = 0.0
 G2 = 3.0
@@ -98,7 +98,8 @@ def sr_distances(
 
     M_i is the cached broadcast model cache[i] off the diagonal and the client's own current
     reciprocal model rec[n] on it, so d[n, n] is one round of local progress and positive
-    (docs/choices.md, DoFed-SPP A2).
+    (Eq. 19's round indices disagree with Alg. 2 l.32; docs/choices.md: DoFed-SPP, which models
+    Eq. 19 compares).
     """
     chex.assert_rank(cache, 2)
     chex.assert_equal_shape([cache, rec, rec_prev])
@@ -109,7 +110,7 @@ def sr_distances(
 
 def max_pairwise_distance(flat: jax.Array, *, batch_size: int | None = None) -> jax.Array:
     """max_{n, i} ||flat[n] - flat[i]||: G1 as Assumption 1 defines it, `algorithm.sr_g1=auto`
-    (docs/choices.md, DoFed-SPP A1)."""
+    (Assumption 1 read literally)."""
     return jnp.max(pairwise_distances(flat, flat, batch_size=batch_size))
 
 
@@ -133,8 +134,7 @@ def similarity_ratios(
     """Similarity ratios S (Theorem 1, Eq. 19) and the degenerate-row flags.
 
     loss_cross [N, M]: loss_cross[n, i] = l_n(M_i), provider i's model on n's labeled target data
-      (for DoFed-SPP the diagonal holds the own current reciprocal model; docs/choices.md,
-      DoFed-SPP A2).
+      (for DoFed-SPP the diagonal holds the own current reciprocal model, so d[n, n] > 0).
     loss_own [N]: l_n(T_n), the target model's loss on the same data.
     dist [N, M]: ||M_i - R_n^prev|| (see `sr_distances`).
     sr_prev [N, M]: the previous SR matrix, used by `degenerate="keep_previous"`; None means
@@ -144,9 +144,10 @@ def similarity_ratios(
         S[n, i] = a[n, i] / sum_j a[n, j]           (normalized over all providers, self too)
 
     gamma * (delta + g2) + g1 is the paper's gamma * delta + g1 + gamma * g2 written so that with
-    g1 = 0 the sign of the numerator, and S, are exactly independent of gamma (docs/choices.md,
-    DoFed-SPP A1). exclude_self (A3 there) zeroes a[n, n]; valid [N, M] zeroes providers n
-    cannot use (FedFomo's downloads). A row whose a are all 0 is degenerate (A4 there):
+    g1 = 0 the sign of the numerator, and S, are exactly independent of gamma (G1 and G2
+    are Assumptions 1-2's bounds, with no values given). exclude_self zeroes a[n, n] (one local
+    update away, so it can dominate); valid [N, M] zeroes providers n cannot use (FedFomo's
+    downloads). A row whose a are all 0 is degenerate (0 / 0 in Eq. 19's normalization):
     "keep_previous" keeps sr_prev's row (uniform if sr_prev is None), "uniform" spreads 1 over
     the allowed providers, "zeros" leaves the row 0 (FedFomo: keep the own model). Inputs must
     be finite.
@@ -389,7 +390,7 @@ def labeling_weights(
 
     sr [N, M], x [N, M] bool. Not renormalized by default (the argmax does not care); with
     renormalize=True rows sum to 1 (soft labels for diagnostics). A row with sum W = 0 gets
-    uniform weights over its selected models (docs/choices.md, DoFed-SPP A4).
+    uniform weights over its selected models (0 / 0 otherwise).
     Returns (W [N, M], degenerate [N] bool).
     """
     x, sr = jnp.asarray(x, bool), as_float(sr)
@@ -446,7 +447,7 @@ def pseudo_labels(
 ) -> tuple[jax.Array, jax.Array]:
     """Hard pseudo-labels y[n, d] = argmax_q q_n(x_d) (Eq. 20): -> (int32 [N, D], q [N, D, Q]).
 
-    Hard, as Eq. 20's OneHot (docs/choices.md, DoFed-SPP A21); ties go to the lowest class.
+    Hard, as Eq. 20's OneHot; ties go to the lowest class.
     Padded samples get a label too; mask them downstream.
     """
     q = soft_vote(probs, weights, from_logits=from_logits)

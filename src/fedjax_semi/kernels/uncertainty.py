@@ -2,7 +2,7 @@
 Federated Semi-Supervised Learning", Sec. 4): MC-dropout predictive distribution and entropy
 (Eqs. 9, 10), the data-relation metric Corr(k|j) (Eqs. 12-14), helper-weighted personalized
 aggregation (Algorithm 1 lines 14-15), and pseudo-labels from the least uncertain helper
-(Eq. 11). Our answers to what the paper leaves open are in docs/choices.md (UM-pFSSL section).
+(Eq. 11). Our answers to what the paper leaves open are in docs/choices.md: UM-pFSSL.
 
 Everything here is pure jnp over fixed shapes; callers vmap over (client, helper) pairs.
 """
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from fedjax_semi.models.zoo import Model
 
 PyTree = Any
-EPS_H = 1e-6  # floor of H in Corr's reciprocal term (docs/choices.md, UM-pFSSL A11)
+EPS_H = 1e-6  # floor of H in Eq. 13's reciprocal term (unbounded as H -> 0)
 
 
 # ------------------------------------------------------------------------- MC dropout (Eqs. 9, 10)
@@ -34,13 +34,13 @@ def mc_logits(
 ) -> jax.Array:
     """Logits of T dropout samples: x [N, ...], keys [T] -> [T, N, NC].
 
-    bn_mode "running": BatchNorm runs on its running statistics; only dropout is random
-    (docs/choices.md, UM-pFSSL A26). "batch": BatchNorm normalizes with the statistics of x's
-    rows where mask [N] is true (all rows without a mask), as in training; the running
-    statistics are not updated. Models without BatchNorm give the same logits either way.
-    Models that expose a deterministic `prefix` and a stochastic `suffix` (ResNet-9) run
-    the prefix once and vmap only the suffix over the keys, which is the same function
-    (test_prefix_suffix_equals_whole_network_ac3 compares the two).
+    bn_mode "running": BatchNorm runs on its running statistics; only dropout is random, so a
+    prediction does not depend on the rest of its batch (the paper does not say). "batch":
+    BatchNorm normalizes with the statistics of x's rows where mask [N] is true (all rows
+    without a mask), as in training; the running statistics are not updated. Models without
+    BatchNorm give the same logits either way. Models that expose a deterministic `prefix` and a
+    stochastic `suffix` (ResNet-9) run the prefix once and vmap only the suffix over the keys,
+    which is the same function (tested).
     """
     if bn_mode not in ("running", "batch"):
         raise ValueError(
@@ -184,9 +184,10 @@ def relation_metric(
     ent_u [Nu], mask_u [Nu]: j's entropy on k's unlabeled data.
     p_bar_s [Ns, NC], y_s [Ns], mask_s [Ns]: j's MC mean on k's labeled data.
     mu: k's labeled ratio. form: "inverse" ((1 - mu) / H + mu Acc, the paper's Eq. 13
-    literally) or "complement" ((1 - mu)(1 - H) + mu Acc, for ablation; docs/choices.md,
-    UM-pFSSL A11). reduction: "mean" (H in [0, 1]; A10 there) or "sum" (Eq. 12 literally,
-    H in [0, Nu]). eps: floor of H in the reciprocal. A term over an empty set is 0 (A13 there).
+    literally) or "complement" ((1 - mu)(1 - H) + mu Acc, bounded like the Acc term, for ablation).
+    reduction: "mean" (H in [0, 1], as the paper reasons about H) or "sum" (Eq. 12 literally,
+    H in [0, Nu]). eps: floor of H in the reciprocal. A term over an empty set is 0 (the paper
+    does not say).
     Returns corr, h_bar and acc.
     """
     chex.assert_rank([ent_u, p_bar_s, y_s, mu], [1, 2, 1, 0])
@@ -236,8 +237,8 @@ def pair_stats(
 
     unl_idx [Nu], lab_idx [Ns]: the client's index rows; counts are the valid lengths.
     acc_mode: Acc(k|j) from the argmax of the MC mean ("mc_mean") or of the network with
-    dropout off ("deterministic"); docs/choices.md, UM-pFSSL A12. bn_mode: BatchNorm in the
-    MC passes, "running" or "batch" statistics (A26 there; see `mc_logits`).
+    dropout off ("deterministic"); the first reuses Eq. 9's passes. bn_mode: BatchNorm in the
+    MC passes, "running" or "batch" statistics (see `mc_logits`).
     Returns corr, h_bar, acc, p_bar_u [Nu, NC] (zero on padding) and ent_u [Nu] (+inf on
     padding, so a padded row never wins an argmin).
     """
@@ -269,7 +270,7 @@ def aggregation_weights(corr: jax.Array, valid: jax.Array) -> jax.Array:
     """Helper weights omega [S, M] from Corr [S, M] and validity [S, M] (Algorithm 1 line 15).
 
     Proportional to Corr over valid slots; uniform over valid slots when they all have ~0 Corr
-    (docs/choices.md, UM-pFSSL A13).
+    (0 / 0 otherwise; the paper does not say).
     """
     chex.assert_rank(corr, 2)
     chex.assert_equal_shape([corr, valid])
@@ -282,8 +283,8 @@ def aggregation_weights(corr: jax.Array, valid: jax.Array) -> jax.Array:
 def personalized_average(weights: jax.Array, helpers: PyTree) -> PyTree:
     """sum_m omega[s, m] * helpers[s, m] for every leaf: [S, M], [S, M, ...] -> [S, ...].
 
-    Applies to every variable, BatchNorm running statistics included (docs/choices.md,
-    UM-pFSSL A21).
+    Applies to every variable, BatchNorm running statistics included (Alg. 1
+    l.15 averages "the models"; with aggregate_bn_stats=false the caller keeps its own).
     """
     chex.assert_rank(weights, 2)
     chex.assert_tree_shape_prefix(helpers, weights.shape)
@@ -300,8 +301,8 @@ def helper_pseudo_labels(
 
     p_bar [S, M, Nu, NC], ent [S, M, Nu], valid [S, M] -> (y_hat [S, Nu, NC], chosen slot
     [S, Nu], confidence [S, Nu]). Ties go to the lowest slot (self is slot 0). Soft labels by
-    default; `hard` gives one-hot labels (docs/choices.md, UM-pFSSL A14). confidence is the
-    chosen helper's top MC-mean probability either way.
+    default (Eq. 11's "min" read as a choice of helper, not an elementwise minimum); `hard`
+    gives one-hot labels. confidence is the chosen helper's top MC-mean probability either way.
     """
     chex.assert_rank([p_bar, ent, valid], [4, 3, 2])
     chex.assert_shape([ent, valid], [p_bar.shape[:3], p_bar.shape[:2]])
