@@ -204,7 +204,7 @@ class AdaFedSemi(Method):
                 raise bad(f"partition.{knob}", "(empty)", f"a non-empty server {what}")
         gv = self.model.init(client_key(key, INIT, 0, 0))
         n_pool = fed.server[POOL].shape[0]
-        if c.init_val_acc == "measure":  # [rec] u_{0,C} measured, not Alg. 1's 0
+        if c.init_val_acc == "measure":  # our choice: u_{0,C} measured, not Alg. 1's 0
             u0 = self._val_acc(gv, fed.x, fed.y, fed.server[VAL])
         else:
             u0 = jnp.float32(0.0)

@@ -22,7 +22,7 @@ samples are shuffled: a ``cofed_train_share`` (the paper's 40%, rounded, at leas
 private ``"labeled"`` set, the rest its ``"test"`` set.
 ``cofed_label_space``: ``"present"`` (Y_i = the classes of the writer's private set; test rows
 of other classes are dropped, as the other variants test only owned tasks) or ``"all"`` (every
-class, spec [REC]; all test rows kept). The held-out ``public_fraction`` comes from the train
+class, our choice; all test rows kept). The held-out ``public_fraction`` comes from the train
 split rows of the writers who are not participants (0 with ``dataset.server_pool``, e.g.
 Kannada crops). ``"test_global"``: the participants' test rows. Extra assignment: ``writer``
 int [C], each participant's index into ``ds.extra["writers"]``.
