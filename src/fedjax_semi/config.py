@@ -46,7 +46,7 @@ class AlgorithmConfig:
     model_dropout: float | None = None
     # On DoFed-SPP's tasks (partition subset | normal), what its baselines (fedavg, local,
     # fedfomo, fedbe) train on: train_and_lab (D_train + D_lab, every label a client holds) |
-    # train (D_train only). See docs/choices.md, DoFed-SPP A19.
+    # train (D_train only); docs/choices.md: DoFed-SPP, the baselines' details.
     baseline_train_data: str = "train_and_lab"
 
     def __post_init__(self) -> None:
@@ -116,21 +116,20 @@ class PartitionConfig:
     split: str = "official"  # official | pooled (70/10/20 of train+test; cfsl: per-worker split)
     val_fraction: float = 0.0  # ada: share of the test split forming server_val
     min_client_size: int = 10
-    # --- DoFed-SPP (its Sec. 6.1, "Data Distributions"; scheme subset | normal). [paper]: the
-    # paper's value; A<n> / "other": docs/choices.md, DoFed-SPP A<n> / "Other choices".
-    n_clusters: int = 5  # SUBSET class clusters Kc (A6); fixed_total's unit is Q // Kc classes
+    # --- DoFed-SPP (Sec. 6.1, "Data Distributions"; subset | normal). [paper]: its value; else ours
+    n_clusters: int = 5  # SUBSET clusters Kc (the paper's CIFAR-10 example); fixed_total: Q // Kc
     # SUBSET (train, target) cluster pairs: even (train and target clusters both spread evenly)
-    # | balanced (even train, uniform target) | random (other)
+    # | balanced (even train, uniform target) | random (ours)
     assignment: str = "even"
-    train_per_class: int = 500  # per class of the train set ([paper]: 500 C / Kc; other)
-    target_per_class: int = 200  # per target class, 10 labeled + 190 ([paper]: 200 C / Kc; other)
+    train_per_class: int = 500  # per class of the train set ([paper]: 500 C / Kc; ours)
+    target_per_class: int = 200  # per target class, 10 labeled + 190 ([paper]: 200 C / Kc; ours)
     target_labeled_fraction: float = 0.05  # labeled share of the target set (10:190) [paper]
-    test_per_class: int = 100  # target-distribution test samples per target class (A5)
-    normal_min_classes: int = 2  # NORMAL: k_tr, k_tg ~ U{min..max}, capped at Q [paper]; A7
+    test_per_class: int = 100  # test samples per target class (the paper defines no test set)
+    normal_min_classes: int = 2  # NORMAL: k_tr, k_tg ~ U{min..max}, capped at Q [paper]
     normal_max_classes: int = 10
-    normal_reject: str = "identical"  # NORMAL redraw: identical | subset (also target ⊆ train), A7
-    normal_size_mode: str = "fixed_total"  # NORMAL sizes: fixed_total (SUBSET's) | per_class (A7)
-    overlap: str = "allow"  # samples shared across clients: allow (only when short) | none (A8)
+    normal_reject: str = "identical"  # NORMAL redraw: identical | subset (also target ⊆ train)
+    normal_size_mode: str = "fixed_total"  # NORMAL sizes: fixed_total (SUBSET's) | per_class
+    overlap: str = "allow"  # samples shared across clients: allow (only when short) | none
     # --- CoFED (Cao et al., its Sec. 5.2: CIFAR-100 superclasses as tasks; scheme cofed)
     cofed_variant: str = "iid"  # iid | noniid (1..cofed_max_subclasses subclasses) | writers
     cofed_min_classes: int = 6  # tasks per participant ~ U{min..max} (paper: 6 to 8; U: ours)
@@ -143,7 +142,7 @@ class PartitionConfig:
     # cofed_variant=writers (its Sec. 5.3, FEMNIST): the num_clients writers with the most samples
     # are the participants, each with a random cofed_train_share of its samples as D_i (0.4, the
     # paper's) and the rest as its test set; Y_i = the classes of D_i (present) or all classes
-    # (all: spec [REC]; test rows outside Y_i are dropped with present). Same value as
+    # (all: our choice; test rows outside Y_i are dropped with present). Same value as
     # algorithm.label_space for CoFED.
     cofed_train_share: float = 0.4
     cofed_label_space: str = "present"
@@ -229,8 +228,8 @@ class SystemsConfig:
     wireless_power_w: float = 0.2  # shannon: p
     wireless_noise_dbm_hz: float = -174.0  # shannon: N0
     wireless_distance_km: list[float] = field(default_factory=lambda: [0.05, 0.5])  # per client
-    # Compute: seconds per training sample per epoch and per inference sample (a placeholder
-    # calibration, docs/choices.md, DoFed-SPP A17).
+    # Compute: seconds per training sample per epoch and per inference sample (placeholders: the
+    # paper timed an RTX 3090; docs/choices.md: DoFed-SPP, compute time).
     time_sec_per_train_sample: float = 2e-4
     time_sec_per_infer_sample: float = 5e-5
     # CFSL's hierarchical wireless network (Hamood et al., Eqs. 7-16 and 21; read by

@@ -223,8 +223,9 @@ def own_pool(ds: ArrayDataset, part: Partition) -> tuple[dict, dict]:
 
 def resized(ds: ArrayDataset, size: int | None) -> ArrayDataset:
     """The dataset with its train and test images resized to size x size (dataset.image_size;
-    STL-10's 96x96 to VGG9's 32x32, docs/choices.md A16); its unlabeled split is resized when a pool
-    draws on it. Normalization statistics are kept (bilinear resizing barely moves them)."""
+    STL-10's 96x96 to VGG9's 32x32, so VGG9 keeps its 4096-input FC7); its unlabeled split is
+    resized when a pool draws on it. Normalization statistics are kept (bilinear resizing barely
+    moves them)."""
     if size is None:
         return ds
     if ds.kind != "image":
@@ -396,7 +397,7 @@ RESULT_NEUTRAL_KEYS = frozenset(
         "eval_initial",
         "stop",  # stopping rules decide how far to go, like rounds
         # Chunk sizes, devices, batch sizes and backend give the same numbers to float
-        # tolerance by design (tests/test_equivalence.py).
+        # tolerance by design (tested).
         "hardware",
     }
 )

@@ -138,7 +138,7 @@ def scale_by_fedopt(rule: str, b1: float, b2: float, tau: float) -> optax.Gradie
     No bias correction, as in the paper's box. optax's own optimizers differ: `optax.adam`
     corrects the bias and starts v at 0; `optax.yogi` corrects the bias and starts m and v at
     1e-6 (its v rule is the one above); `optax.adagrad` has no momentum and divides by
-    √(v + eps) (tests/test_fedopt.py checks which parts agree)."""
+    √(v + eps)."""
 
     def init(params: PyTree) -> ServerMoments:
         v0 = jax.tree.map(lambda p: jnp.full_like(p, tau**2), params)

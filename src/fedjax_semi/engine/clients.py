@@ -127,7 +127,7 @@ def jit_forwarding_inputs(fn: Callable) -> Callable:
     """jax.jit(fn), except that outputs which are inputs returned unchanged come back as the input
     arrays themselves. A jitted call writes every output to a fresh buffer: the reference
     backend's `prepare` returns the whole dataset in `shared`, a 4.7 GB copy a round at 100,000
-    clients of workload W3 (benchmarks/workloads.py) that a real per-client loop would never
+    clients of the MNIST 2NN benchmark workload that a real per-client loop would never
     make. (Inside one jitted round XLA forwards such values by itself.)"""
     cache: dict = {}
 

@@ -130,7 +130,7 @@ def batch_positions(
         slot = jnp.arange(n_max)
 
         # One draw per slot, keyed on the slot: the order of a client's valid entries does not
-        # depend on how far its row is padded (test_padding_does_not_change_training_ac12).
+        # depend on how far its row is padded.
         def perm(k):
             u = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(k, i)))(slot)
             return jnp.argsort(jnp.where(slot < count, u, 2.0))

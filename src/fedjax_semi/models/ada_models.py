@@ -1,5 +1,5 @@
 """Ada-FedSemi's SVHN and IMDB models (Xu et al., Sec. 5.2), which the paper gives only by size
-or by reference (docs/choices.md, Ada-FedSemi A17).
+or by reference (docs/choices.md: Ada-FedSemi, the SVHN and IMDB models).
 
 * :class:`SVHNCNN`: "a lightweight CNN with 0.54 million parameters": conv 5x5 VALID 32, ReLU,
   max-pool 2, conv 5x5 VALID 64, ReLU, max-pool 2, FC 300, ReLU, FC num_classes; 537,006

@@ -51,7 +51,7 @@ class MLP(nn.Module):
 class CNN(nn.Module):
     """FedAvg CNN (McMahan et al. 2017): two 5x5 conv + 2x2 max-pool blocks, Dense(512).
     `kernel` 3 and `dense` 128 give DoFed-SPP's 2-conv + 2-linear net (545,098 parameters on
-    CIFAR-10; its paper, Sec. 6.1, gives only "about 2.1MB": docs/choices.md, DoFed-SPP A9)."""
+    CIFAR-10; its paper, Sec. 6.1, gives only "two conv2d and two linear layers", "about 2.1MB")."""
 
     num_classes: int
     width: float = 1.0
@@ -100,12 +100,11 @@ class TextClassifier(nn.Module):
     Embed(vocab_size, embed_dim) -> mean over non-padding tokens -> [Dense(h) -> ReLU ->
     Dropout] per h -> Dense(num_classes). With ``hidden=()`` this is exactly the
     ``EmbeddingBag(V, 64, mode="mean") -> Linear`` model of the PyTorch text tutorial that
-    DoFed-SPP uses for DBPedia (its Sec. 6.1; docs/choices.md, DoFed-SPP A9); the ``text``
-    config adds one hidden layer (``hidden: [64]``). Ada-FedSemi's IMDB model is a sentence
-    CNN instead (its Sec. 5.2; docs/choices.md, Ada-FedSemi A17), not this one. Differences
-    from the tutorial: embeddings are initialized N(0, 1) (flax's default) rather than
-    U(-0.5, 0.5), and padding is masked explicitly instead of using offsets into a flat token
-    list.
+    DoFed-SPP uses for DBPedia (its Sec. 6.1, about 51 MB); the ``text`` config adds one hidden
+    layer (``hidden: [64]``). Ada-FedSemi's IMDB model is a sentence CNN instead (its Sec. 5.2,
+    after Zhang and Wallace 2015), not this one. Differences from the tutorial: embeddings are
+    initialized N(0, 1) (flax's default) rather than U(-0.5, 0.5), and padding is masked
+    explicitly instead of using offsets into a flat token list.
     """
 
     num_classes: int
@@ -152,7 +151,7 @@ class ConvBN(nn.Module):
 class ResNet9(nn.Module):
     """DAWNBench/Myrtle ResNet-9 with MC dropout in the last residual block: after the
     BatchNorm of its two convolutions, UM-pFSSL's "after the last two batch normalization
-    layers" (its Sec. 6.1; docs/choices.md, UM-pFSSL A25).
+    layers" (its Sec. 6.1; ResNet-9 has no hidden dense layer for the rest of that sentence).
 
     Split at the first dropout so the deterministic prefix can be computed once and the
     stochastic suffix re-sampled: ``__call__ == suffix(*prefix(x, train), train, mc)``.

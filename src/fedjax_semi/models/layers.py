@@ -10,8 +10,8 @@ own convolution is faster still, provided its gradient is written as two forward
 convolutions in the canonical NHWC/HWIO layout (:func:`lax_conv`): XLA:CPU runs the
 convolutions that autodiff emits 6-31x slower inside a loop body. :class:`Conv`'s
 ``impl="auto"`` picks im2col under a vmap over clients and :func:`lax_conv` otherwise. Which is
-faster for one client depends on the model (docs/benchmarks.md, "W0"): im2col for the FedAvg
-CNN and simple_cnn (training-bound), auto for ResNet-9 under UM-pFSSL (forward-heavy).
+faster for one client depends on the model (measured in docs/benchmarks.md): im2col for the
+FedAvg CNN and simple_cnn (training-bound), auto for ResNet-9 under UM-pFSSL (forward-heavy).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ edge and specialized models to the cloud over a wired backhaul (Eq. 14). A round
 slowest edge's slowest selected worker plus that edge's backhaul upload (Eqs. 12, 15); its
 energy is the selected workers' compute and upload energy plus the edges' backhaul energy
 (Eqs. 13, 16). The paper leaves d_{i,j}, Upsilon, beta, the backhaul rate and the edge power
-unspecified: the fills are the CFSL spec's recommendations (its Sec. 2.10).
+unspecified: the fills are ours (docs/choices.md: CFSL, the wireless constants the paper
+does not give).
 
 Units: seconds, joules, watts, hertz, bits. `C` is the worker axis, `J` the edge axis. Every
 array result is float32. `HwnSystem` is frozen and hashable, so it (like `num_edges` and the

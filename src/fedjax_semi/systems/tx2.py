@@ -4,7 +4,7 @@ a client needs to train and exchange a (sub-)model, for Ada-FedSemi and HeteroAd
 clock. The paper states the structure (five power modes, mode 0 about 2x faster than mode 1,
 modes redrawn every 20 rounds; 10 / 5 / 5 clients at 2 / 10 / 20 m from one Wi-Fi router with
 fluctuating bandwidth) but no speeds or bandwidths; the constants are our calibration
-(docs/choices.md, Ada-FedSemi A25):
+(docs/choices.md: Ada-FedSemi, the heterogeneous clients):
 
     t^cp_{k,m}(d) = t_ovh + t_full (load_d / load_L) / speed[mode_m(k)]      (training, s)
     t^cm_{k,m}(d) = directions * size_d[MB] / bw_m(k)[MB/s]                  (broadcast + upload)

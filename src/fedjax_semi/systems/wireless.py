@@ -1,7 +1,7 @@
 """DoFed-SPP's wireless and time model (Ching et al., IEEE TSC 2023: Sec. 3.1, Eqs. 7-9 and
 12-13; Sec. 4.4, Eqs. 23-26; the experiments' upload rates, Sec. 6.1) and the simulated clock,
-as pure functions. Where the paper gives only symbols, the constants are ours (docs/choices.md,
-DoFed-SPP A15, A17, A18).
+as pure functions. Where the paper gives only symbols, the constants are ours (docs/choices.md:
+DoFed-SPP, the clock of Phase 0, compute time, and Eq. 24 and the upload-rate model).
 
 Units: seconds, model sizes in MB (10^6 bytes), upload rates in MB/s, Shannon rates in bit/s,
 bandwidth in Hz, powers in W, noise as a power spectral density in W/Hz. Uploads serialize on the
@@ -80,7 +80,7 @@ def path_loss_gain(
     distance_km: Any, intercept_db: float = 128.1, slope_db: float = 37.6
 ) -> jax.Array:
     """Channel gain g = 10^(-PL/10) with PL = 128.1 + 37.6 log10(d_km) dB, a common macro-cell
-    path-loss model; the paper gives g only as a symbol (docs/choices.md, DoFed-SPP A18)."""
+    path-loss model; the paper gives g only as a symbol."""
     _check_number("distance_km", distance_km, lambda v: v > 0, "a distance > 0 in km")
     pl_db = intercept_db + slope_db * jnp.log10(jnp.asarray(distance_km, jnp.float32))
     return 10.0 ** (-pl_db / 10.0)
@@ -127,7 +127,7 @@ def design_upload_time(
     k: Any, model_mb: Any, bandwidth_hz: Any, gain: Any, power_w: Any, noise_psd: Any
 ) -> jax.Array:
     """Eq. 24 literally: t^u = K m / (b log2(1 + g p / (N0 b))). The K uploaders share b, yet b
-    (not b / K) stays inside the log, as in the paper (docs/choices.md, DoFed-SPP A18). m in MB,
+    (not b / K) stays inside the log, as printed. m in MB,
     result in seconds."""
     rate = shannon_rate(bandwidth_hz, gain, power_w, noise_psd)
     return jnp.asarray(k, jnp.float32) * model_mb * BITS_PER_MB / rate
@@ -208,7 +208,7 @@ def round_upload_time(
 
 def compute_time(n_samples: Any, sec_per_sample: Any, passes: Any = 1) -> jax.Array:
     """Analytic compute time passes * n * seconds per sample, in place of Eq. 7's I C D / f
-    (docs/choices.md, DoFed-SPP A17)."""
+    (the paper timed an RTX 3090; a vmapped simulation cannot time one client)."""
     _check_number("sec_per_sample", sec_per_sample, lambda v: v >= 0, "seconds >= 0")
     return jnp.asarray(passes, jnp.float32) * n_samples * sec_per_sample
 
@@ -253,7 +253,7 @@ def phase0_compute_time(
 ) -> jax.Array:
     """Phase 0's compute (Algorithm 2 lines 1-12): L t_train(|D_tr|) E_rec + t_infer(N |D_lab|),
     slowest client. Its N uploads come from `round_upload_time` with every client chosen; both
-    count on the clock (docs/choices.md, DoFed-SPP A15)."""
+    count on the clock (the paper does not say whether its time curves include them)."""
     _check_number("warmup_rounds", warmup_rounds, lambda v: v >= 0, "an int >= 0")
     warm = compute_time(n_train, sec_per_train_sample, jnp.asarray(warmup_rounds) * epochs_rec)
     sr = compute_time(jnp.asarray(n_lab) * n_providers, sec_per_infer_sample)
