@@ -114,8 +114,7 @@ class Model:
             mc: (with ``train=False``) dropout on, BatchNorm on running stats.
             rng: PRNG key for dropout; required when dropout is active and rate > 0.
             mask: bool ``[B]`` (training with BatchNorm): the rows whose statistics BatchNorm
-                uses, so padded rows of a partial batch change nothing (checked by
-                test_masked_batchnorm_equals_bn_on_the_valid_rows_ac11).
+                uses, so padded rows of a partial batch change nothing (tested).
 
         Returns:
             ``(logits [B, num_classes] float32, new_model_state)``; ``new_model_state`` is
