@@ -96,6 +96,7 @@ def test_svhn_pool_draws_on_the_extra_split(tmp_path):
                   server_unlabeled_size=171)  # fmt: skip
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_svhn_preset_builds_the_pool_with_hidden_labels_and_runs_a_round(tmp_path):
     root = write_svhn(tmp_path / "data")
     cfg = compose_config(
@@ -193,6 +194,7 @@ def test_cross_dataset_pool_is_stl10_unlabeled_resized_and_nested(tmp_path):
 # ----------------------------------------------------------------------------- IMDB
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_imdb_preset_as_tokens_runs_a_round(tmp_path):
     root = write_imdb(tmp_path / "data")
     cfg = compose_config(

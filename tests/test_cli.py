@@ -148,6 +148,7 @@ def test_report_of_an_empty_dir_fails_clearly(tmp_path):
     assert rep.returncode == 2 and "no run with a summary.json" in rep.stderr
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_ttap_report_of_a_dofed_sweep(tmp_path):
     """fedjax-semi-report --ttap: CSV rows (method, dataset, partition, seed, round, clock,
     cls_acc, lab_acc) from round 0 (eval_initial, after the warm-up) on, and the panel PNG."""

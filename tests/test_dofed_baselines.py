@@ -257,12 +257,12 @@ def test_predict_labels_matches_a_loop(fomo):
 
 # FedAvg's and Local's clients train through the FedAvg family's client_update, whose mappings
 # test_equivalence.py compares in the fast suite (their DoFed-SPP clock and labels are computed
-# after the mapping, on the server); here they are mapped in make test-slow, FedFomo and FedBE
-# (their own rounds) in make test. All four keep their fast checks below (hidden labels, clock,
-# labels) on the chunk=1 fixtures.
+# after the mapping, on the server); here they and FedBE are mapped in make test-slow, FedFomo
+# (a round of its own, as FedBE's) in make test. All four keep their fast checks below (hidden
+# labels, clock, labels) on the chunk=1 fixtures.
 @pytest.mark.parametrize(
     "name",
-    [n if n in ("fedfomo", "fedbe") else pytest.param(n, marks=pytest.mark.slow) for n in ALL],
+    [n if n == "fedfomo" else pytest.param(n, marks=pytest.mark.slow) for n in ALL],
 )
 def test_chunk_all_and_reference_equal_chunk_one(runs, name):
     """States and metrics of chunk=1 (the fixtures), one vmap and the per-client loop agree;

@@ -101,7 +101,7 @@ def tiny(tiny_runner):
 # ----------------------------------------------------------------------------- engine properties
 
 
-@pytest.mark.parametrize("backend", ["all", "reference"])
+@pytest.mark.parametrize("backend", ["all", pytest.param("reference", marks=pytest.mark.slow)])
 def test_vectorized_equals_reference_loop_ac18(tiny, backend):
     """chunk=1 (the fixture), one vmap over all clients and the per-client loop agree: states,
     selection decisions, pseudo-labels and metrics."""
@@ -379,6 +379,7 @@ def test_labeling_beats_classification_and_jump_after_warmup_ac28_ac29(tiny):
 # ----------------------------------------------------------------------------- budget mode
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_budget_mode_normal_partition_ac12_ac23(tmp_path):
     """selection_mode=budget on NORMAL: each round's (K, B) satisfies Ineq. 26 with C1, C2, C3
     of spec 2.3.3 / 2.8, the budget binds (K < N), and metrics.jsonl of experiment.run carries

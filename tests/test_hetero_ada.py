@@ -391,6 +391,7 @@ def test_round_clock_depths_and_waiting_ratio(hetero, hetero_rows):
         assert int(m["num_pseudo"]) > 0 and int(m["server_steps"]) > 0
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_masked_full_model_equals_group_per_depth(hetero, runner1, hetero_rows):
     """Acceptance 23: the masked full model (the runtime) and a second implementation, one map
     per depth group training the sub-model H^b alone on the parameters of parts <= b (what
@@ -441,6 +442,7 @@ def test_masked_full_model_equals_group_per_depth(hetero, runner1, hetero_rows):
             np.testing.assert_allclose(x, y, rtol=0, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_chunk_and_reference_agree(hetero, hetero_rows):
     """chunk=1 (lax.map), chunk=all (one vmap) and the reference loop: the same selections and
     depths exactly, the same numbers to float32 rounding (atol 1e-4: a vmap batches the

@@ -234,6 +234,7 @@ def test_dofed_cnn_param_count() -> None:
         make_model("cnn", SHAPE, 10, conv_kernel=0)
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_vgg9_param_count_and_dropout() -> None:
     # FedMA's VGG-9, "3.49 M parameters" in Ada-FedSemi's Sec. 5.1: convs 896 + 18,496 +
     # 73,856 + 147,584 + 295,168 + 590,080, FC 2,097,664 + 262,656 + 5,130 = 3,491,530.

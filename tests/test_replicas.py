@@ -108,6 +108,7 @@ def test_run_writes_one_directory_per_seed_and_the_report_groups_them(tmp_path):
     assert f"{100 * np.mean(acc):.2f}" in table
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_each_replica_stops_on_its_own_rule_and_resume_continues(tmp_path):
     """stop.target=0.3: the seeds reach it in different rounds (seed 4 in round 2, seed 3 in
     round 3); a stopped replica keeps its state and writes no more rows while the other goes on.

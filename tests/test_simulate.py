@@ -39,6 +39,7 @@ def test_run_writes_metrics_summary_plot_checkpoints(tmp_path):
     assert len(counts["labeled"]) == 12
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_chunk_auto_times_each_candidate_and_keeps_the_fastest(tmp_path):
     """hardware.chunk=auto times one round per candidate (powers of 4 below the cohort, then the
     whole cohort), keeps the fastest, records the timings in summary.json, and then runs the
