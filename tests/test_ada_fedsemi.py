@@ -93,6 +93,7 @@ def test_every_p_arm_selects_ceil_pm_clients_in_one_compiled_round(ada):
     np.testing.assert_allclose(float(state.sim_time), sim_time, rtol=1e-5)
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_fedsemi_with_c_one_is_fedavg_p_bit_for_bit():
     """C = 1.0 selects nothing (strict >), so the server epoch is skipped (w_{k+1} = w_{k+1/2})
     and FedSemi-P-1.0, which still relabels the pool, equals FedAvg-P, which never does."""
@@ -247,6 +248,7 @@ def test_heterogeneous_tx2_clock_and_the_validation_switch():
     np.testing.assert_allclose([m["alpha"] for m in rows], [0.9, 0.1], rtol=1e-6)
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_fixed_p_baseline_replays_adas_p_trace(tmp_path):
     """Table 7's baselines: FedSemi replays P_1, P_2, ... from an Ada run's metrics.jsonl (the
     last P holds after the trace), with ceil(P_k M) participants each round."""

@@ -424,6 +424,7 @@ KNOBS = [
 ]
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_every_knob_runs_and_is_used():
     """The knobs change what they should: per-client inits, S[n, n] = 0, the post-update target
     breaks AC7's equality, the cache keeps the un-reduced uploads while PCA is on, and uploads

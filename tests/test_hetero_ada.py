@@ -115,6 +115,7 @@ def test_forward_at_depth_b_reads_only_parts_up_to_b(small_exits):
     np.testing.assert_allclose(plain.apply({"params": shared}, x)[0], final, atol=1e-6)
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_detach_between_parts_keeps_each_exit_on_its_own_part(small_exits):
     """detach=True (Eq. 21's reading): exit 2's loss has no gradient in part 1; joint
     backprop (the default) trains part 1 through exit 2 as well."""
@@ -493,6 +494,7 @@ def test_validation_set_never_trains(hetero, runner1, hetero_rows):
     assert rows[-1]["accuracy"] == bad_rows[-1]["accuracy"]
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_update_mask_in_the_round(hetero, runner1, hetero_rows):
     """Acceptance 19 through the method's own client update, with weight decay on: each
     selected client's parts deeper than its depth come back exactly as broadcast."""

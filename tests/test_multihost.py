@@ -73,6 +73,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_two_processes_match_one(tmp_path):
     tests = str(Path(__file__).parent)
     coordinator = f"localhost:{free_port()}"

@@ -461,6 +461,7 @@ def test_refresh_trigger_round_flags_a8(tiny):
     assert updates[0] == updates[2] == 0  # no refresh downloads outside t % nu == 0
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_refresh_trigger_per_client_elapsed_a8():
     """per_client_elapsed: a sampled client refreshes when >= nu rounds have passed since its
     last refresh (the warm-up counts as round 0); its round of last refresh is in the state."""
@@ -523,6 +524,7 @@ def _personal_extras(monkeypatch, *overrides):
     return seen
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_kl_direction_a15(monkeypatch):
     """model_to_target is KL(f_w || y_hat) on a hand example, on the pseudo-labeled rows only
     (labeled rows keep CE); the default passes no flag, so its loss is today's KL(y_hat || f_w)."""
