@@ -411,12 +411,10 @@ def model_dropout(cfg: Config) -> float:
 
 def validate(cfg: Config) -> None:
     """Check every value a run needs before any data is loaded."""
-    from fedjax_semi.algorithms.registry import check_name  # imports the built-in methods
     from fedjax_semi.data.registry import dataset_names, is_known_dataset
     from fedjax_semi.models.zoo import model_names
 
     p, h = cfg.partition, cfg.hardware
-    check_name(cfg.algorithm.name)
     if not is_known_dataset(cfg.dataset.name):
         raise bad("dataset.name", cfg.dataset.name, f"one of {dataset_names()} or tfds:NAME")
     if not 0 < cfg.dataset.fraction <= 1:

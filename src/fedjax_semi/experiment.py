@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from fedjax_semi.algorithms import Algorithm, make_algorithm
+from fedjax_semi.algorithms.registry import check_config_class
 from fedjax_semi.config import Config, bad, model_dropout, parse_chunk, validate
 from fedjax_semi.data.federated import FederatedData, build_federated
 from fedjax_semi.data.partitions import (
@@ -285,6 +286,7 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
     With hardware.distributed this process first joins the others (jax.distributed), before
     anything here starts JAX."""
     validate(cfg)
+    check_config_class(cfg.algorithm.name, cfg.algorithm)  # a registered method, its own config
     dropout = model_dropout(cfg)
     if cfg.hardware.distributed:
         distributed.initialize()

@@ -1,7 +1,7 @@
 """The method registry: each method's factory and config class, by name, built-in or not.
 
-A leaf module (it imports nothing of the package but `errors`), so `base` and `config` read the
-same list. The built-in methods register when `fedjax_semi.algorithms` imports them (importing
+A leaf module (it imports nothing of the package but `errors`), so `base` reads it without a
+cycle. The built-in methods register when `fedjax_semi.algorithms` imports them (importing
 this module imports that package first). A method of another installed package registers
 through the entry-point group `fedjax_semi.methods`: each entry point names a module, or a
 callable, whose import (or call) registers methods with `register`. They are loaded once, when
@@ -13,13 +13,14 @@ from __future__ import annotations
 import importlib.metadata
 import types
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from fedjax_semi.errors import bad
 
-if TYPE_CHECKING:
-    from fedjax_semi.algorithms.base import Algorithm
-    from fedjax_semi.config import AlgorithmConfig
+# Names for the annotations only: the registry imports nothing of the package but `errors`
+# (base and config import it), so a factory's result and a config class stay untyped here.
+Algorithm = Any  # algorithms.base.Algorithm
+AlgorithmConfig = Any  # config.AlgorithmConfig
 
 ENTRY_POINT_GROUP = "fedjax_semi.methods"
 
