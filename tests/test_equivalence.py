@@ -129,6 +129,7 @@ def test_pseudo_labels_are_used():
     assert rows["fedavg_pl"][-1]["train_loss"] != pytest.approx(rows["fedavg"][-1]["train_loss"])
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_cnn_chunked_matches_reference():
     """The im2col CNN under lax.map chunks agrees with the per-client loop."""
     exp = experiment.build(

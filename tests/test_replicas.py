@@ -76,6 +76,7 @@ def test_replica_r_is_the_run_of_seed_r_alone(name):
     assert not np.allclose(a[0], a[-1]) or not np.array_equal(b[0], b[-1])
 
 
+@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_run_writes_one_directory_per_seed_and_the_report_groups_them(tmp_path):
     over = ("algorithm=fedavg", "rounds=4", "checkpoint_every=2")
     summary = experiment.run(
