@@ -21,6 +21,24 @@ from fedjax_semi import experiment
 
 GOLDEN = Path(__file__).parent / "golden"
 
+# The partitions of the methods' own tests, small.
+COFED = ["partition=cofed", "num_clients=6", "clients_per_round=6", "model=cnn",
+         "partition.cofed_min_classes=3", "partition.cofed_max_classes=4",
+         "partition.samples_per_class=12", "partition.public_fraction=0.3"]
+CFSL = ["partition=cfsl", "systems=hwn", "num_clients=24", "clients_per_round=24",
+        "partition.num_edges=2", "partition.cfsl_base=iid", "partition.labeled_fraction=0.6",
+        "model.hidden=[16]", "algorithm.local_epochs=3", "algorithm.batch_size=16",
+        "algorithm.lr=0.1", "algorithm.max_clusters=8", "algorithm.split_warmup=3",
+        "algorithm.eps1=1e6", "algorithm.eps2=1e-6", "algorithm.phi=0.0"]
+ADA = ["partition=ada", "num_clients=10", "clients_per_round=10",
+       "partition.labeled_fraction=0.3", "algorithm.local_steps=3", "algorithm.batch_size=16",
+       "algorithm.server_batch=64", "algorithm.lr=0.1"]
+SUBSET = ["partition=subset", "num_clients=6", "clients_per_round=3",
+          "partition.train_per_class=40", "partition.target_per_class=40",
+          "partition.target_labeled_fraction=0.5", "partition.test_per_class=15",
+          "algorithm.lr=0.1", "algorithm.batch_size=16",
+          "systems.time_sec_per_train_sample=2e-4", "systems.time_sec_per_infer_sample=5e-5"]
+
 RUNS = {
     "fedavg_pl": ["algorithm=fedavg_pl", "rounds=3"],
     "dofed_spp": [
@@ -39,6 +57,41 @@ RUNS = {
         "partition.labeled_mode=dirichlet", "rounds=4",
     ],
     "replicas": ["algorithm=fedavg_pl", "rounds=3", "replicas=2", "seed=5"],
+    # Every other method's round, recorded before each moved to one typed round function.
+    "fedavg": ["algorithm=fedavg", "rounds=2"],
+    "fedprox": ["algorithm=fedprox", "algorithm.prox_mu=0.1", "rounds=2"],
+    "fixavg": ["algorithm=fixavg", "algorithm.pl_threshold=0.3", "rounds=2"],
+    "lg_fedavg": ["algorithm=lg_fedavg", "algorithm.pl_threshold=0.3", "rounds=2"],
+    "local": ["algorithm=local", "rounds=2"],
+    "pfedme": ["algorithm=pfedme", "algorithm.pl_threshold=0.3", "rounds=2"],
+    "pfedavg": [*COFED, "algorithm=pfedavg", "algorithm.local_epochs=1",
+                "algorithm.batch_size=16", "algorithm.finetune_epochs=1",
+                "algorithm.architecture=[8,8]", "rounds=1"],
+    "cofed": [*COFED, "algorithm=cofed", "rounds=2", "algorithm.local_epochs=2",
+              "algorithm.batch_size=16", "algorithm.update_epochs=1",
+              "algorithm.update_batch_size=64", "algorithm.predict_batch=128",
+              "algorithm.lr=0.003", "algorithm.update_lr=0.003", "algorithm.table1_models=2"],
+    "fedmd": [*COFED, "algorithm=fedmd", "rounds=2", "dataset.server_pool=digits",
+              "dataset.server_pool_labels=true", "dataset.server_pool_size=200",
+              "algorithm.local_epochs=2", "algorithm.public_epochs=1", "algorithm.lr=0.005",
+              "algorithm.batch_size=16", "algorithm.digest_batch_size=16",
+              "algorithm.revisit_epochs=1", "algorithm.finetune_epochs=1",
+              "algorithm.align_size=48", "algorithm.predict_batch=64",
+              "algorithm.table1_models=2"],
+    "cfsl": [*CFSL, "algorithm=cfsl", "rounds=4"],
+    "hfsl": [*CFSL, "algorithm=hfsl", "rounds=4"],
+    "ada_fedsemi": [*ADA, "algorithm=ada_fedsemi", "rounds=3"],
+    "fedsemi": [*ADA, "algorithm=fedsemi", "algorithm.fixed_p=0.5", "algorithm.fixed_c=0.2",
+                "rounds=2"],
+    "hetero_ada": [*ADA, "algorithm=hetero_ada", "model=vgg9_exits", "model.width=0.125",
+                   "systems=tx2", "rounds=2"],
+    "dofed_fedavg": [*SUBSET, "algorithm=fedavg", "rounds=2"],
+    "dofed_local": [*SUBSET, "algorithm=local", "rounds=2"],
+    "fedfomo": [*SUBSET, "algorithm=fedfomo", "algorithm.fedfomo_m=3", "rounds=3"],
+    "fedbe": [*SUBSET, "algorithm=fedbe", "algorithm.fedbe_samples=4",
+              "algorithm.fedbe_pool_size=200", "algorithm.fedbe_distill_epochs=2",
+              "algorithm.fedbe_swa_start=1", "algorithm.fedbe_distill_batch_size=64",
+              "algorithm.fedbe_distill_lr=0.05", "rounds=2"],
 }  # fmt: skip
 
 # Host timings differ from run to run; everything else must not.
