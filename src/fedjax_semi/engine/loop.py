@@ -29,7 +29,7 @@ from fedjax_semi.config import StopConfig
 
 if TYPE_CHECKING:
     from fedjax_semi.data.federated import FederatedData
-    from fedjax_semi.engine.state import FLState
+    from fedjax_semi.engine.state import State
 
 Rows = dict[int, dict]  # replica index -> its new row (only the replicas that ran the round)
 
@@ -40,11 +40,11 @@ class Runner(Protocol):
     seeds: tuple[int, ...] | None
     label_scores: dict[str, str]  # the method's labels to score on the host (round_row)
 
-    def template(self) -> FLState: ...  # the structure a checkpoint restores into
-    def init(self) -> FLState: ...  # the initial state, after any warm-up
-    def round(self, state: FLState) -> tuple[FLState, dict]: ...
-    def evaluate(self, state: FLState) -> dict: ...
-    def keep(self, new: FLState, old: FLState, active: Sequence[bool]) -> FLState: ...
+    def template(self) -> State: ...  # the structure a checkpoint restores into
+    def init(self) -> State: ...  # the initial state, after any warm-up
+    def round(self, state: State) -> tuple[State, dict]: ...
+    def evaluate(self, state: State) -> dict: ...
+    def keep(self, new: State, old: State, active: Sequence[bool]) -> State: ...
 
 
 class NaNError(RuntimeError):
@@ -58,7 +58,7 @@ class Run:
     dirs: list[Path]  # each replica's run directory (seed_<s>/, or the run's own)
     seeds: tuple[int, ...] | None  # the replicas' seeds, None for a single run
     rounds: int  # the last round to train
-    state: Any = None  # FLState, with a leading replica axis when there are replicas
+    state: Any = None  # State, with a leading replica axis when there are replicas
     start: int = 0  # rounds done before this call (those of the restored checkpoint)
     resumed: bool = False  # whether the state came from a checkpoint
     rows: list[list[dict]] = field(default_factory=list)  # each replica's rows so far
@@ -127,7 +127,7 @@ def train_and_evaluate(
     run: Run,
     hooks: Sequence[Hook],
     *,
-    restore: Callable[[FLState], tuple[int, FLState] | None] | None = None,
+    restore: Callable[[State], tuple[int, State] | None] | None = None,
     eval_every: int = 1,
     eval_initial: bool = False,
 ) -> Run:
@@ -204,7 +204,7 @@ def _record(run: Run, hooks: Sequence[Hook], rnd: int, rows: Rows) -> None:
         h.write(run, rnd, rows)
 
 
-def rounds_done(state: FLState) -> int:
+def rounds_done(state: State) -> int:
     """Rounds completed (the most over the replicas: a stopped replica's state stays behind)."""
     return int(np.max(np.asarray(state.round)))
 

@@ -21,7 +21,7 @@ from fedjax_semi.engine.loop import EarlyStopper as EarlyStopper
 from fedjax_semi.engine.loop import NaNError as NaNError
 from fedjax_semi.engine.loop import pseudo_label_accuracy as pseudo_label_accuracy
 from fedjax_semi.engine.loop import rounds_done
-from fedjax_semi.engine.state import FLState
+from fedjax_semi.engine.state import State
 
 if TYPE_CHECKING:  # the engine imports no method; a method is anything with this interface
     from fedjax_semi.algorithms.base import Algorithm
@@ -122,7 +122,7 @@ class Runner:
         self.chunk = chunk
         self._round, self._warmup = self._programs(chunk)
 
-    def _tune(self, state: FLState) -> None:
+    def _tune(self, state: State) -> None:
         """hardware.chunk=auto: time one round from `state` at each candidate chunk size (the
         result is thrown away; rounds are pure) and keep the fastest. A candidate that runs
         out of device memory is skipped. The timings are kept in `self.autotune`."""
@@ -158,7 +158,7 @@ class Runner:
         self.chunk, (self._round, self._warmup) = chunk, programs[chunk]
         self.autotune = {"chosen": chunk, "cohort": cohort, "round_s": timings}
 
-    def template(self) -> FLState:
+    def template(self) -> State:
         """The algorithm's initial state before any warm-up (stacked over the replicas' seeds
         when there are replicas): the structure a checkpoint restores into. With several
         processes it is placed like the rounds' outputs (replicated), so the round compiles
@@ -170,7 +170,7 @@ class Runner:
             state = jax.tree.map(lambda *a: jnp.stack(a), *states)
         return state if self._out is None else jax.device_put(state, self._out)
 
-    def init(self) -> FLState:
+    def init(self) -> State:
         """The initial state, after the algorithm's warm-up when it has one (with
         hardware.chunk=auto the chunk size is chosen first, on the state before warm-up)."""
         state = self.template()
@@ -178,20 +178,20 @@ class Runner:
             self._tune(state)
         return self._warmup(self._keys, state, self.data) if self._warmup else state
 
-    def round(self, state: FLState) -> tuple[FLState, dict]:
+    def round(self, state: State) -> tuple[State, dict]:
         if self.chunk == "auto":  # resumed from a checkpoint: init() was not called
             self._tune(state)
         return self._round(self._keys, state, self.data, self._flags(rounds_done(state) + 1))
 
-    def evaluate(self, state: FLState) -> dict:
+    def evaluate(self, state: State) -> dict:
         return self._eval(self._keys, state, self.fed)
 
-    def keep(self, new: FLState, old: FLState, active: Sequence[bool]) -> FLState:
+    def keep(self, new: State, old: State, active: Sequence[bool]) -> State:
         """Replica r's new state where active[r], its old one where it has stopped."""
         return self._keep(new, old, jnp.asarray(active))
 
 
-def keep_replicas(new: FLState, old: FLState, active: jax.Array) -> FLState:
+def keep_replicas(new: State, old: State, active: jax.Array) -> State:
     """Per leaf, new[r] where active[r] (bool [R]), else old[r]."""
     return select_rows(active, new, old)
 

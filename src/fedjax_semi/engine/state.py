@@ -1,30 +1,35 @@
-"""The federated state every method carries from round to round."""
+"""What the engine knows of a method's state: its round counter and its simulated clock.
+
+Each method keeps its own typed state (a flax.struct dataclass with fields named like its
+paper's symbols: SCAFFOLD's x, c, c_i; FedAvg's w, w_k); the engine reads only these two fields
+(the loop counts rounds and reports the clock) and otherwise treats a state as a pytree
+(checkpoints, replicas, the NaN guard's last good state).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 import jax
-from flax import struct
 
-PyTree = Any
+
+class State(Protocol):
+    """round: int32 [] rounds completed (with replicas: [R]); sim_time: float32 [] the
+    simulated clock in seconds (systems models advance it; 0 where a method keeps none)."""
+
+    round: jax.Array
+    sim_time: jax.Array
+
+
+# TEMPORARY (removed when the last method has its own typed state).
+from flax import struct  # noqa: E402
 
 
 @struct.dataclass
 class FLState:
-    """Federated state. Client-stacked leaves lead with [C] (the whole population).
-
-    round: int32 [] rounds completed.
-    global_vars: the server model's variables ({'params', maybe 'batch_stats'}).
-    client_vars: [C]-stacked variables of clients with personal leaves, or {}.
-    client_opt: [C]-stacked optimizer states when they persist across rounds, or {}.
-    sim_time: float32 [] simulated clock in seconds (systems models advance it).
-    extra: method-specific state.
-    """
-
     round: jax.Array
-    global_vars: PyTree
-    client_vars: PyTree
-    client_opt: PyTree
+    global_vars: object
+    client_vars: object
+    client_opt: object
     sim_time: jax.Array
-    extra: PyTree
+    extra: object
