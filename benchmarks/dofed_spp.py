@@ -9,9 +9,10 @@ Prints JSON lines and appends them to benchmarks/results/dofed_spp.jsonl. Setup:
 training, 6 labeled and 114 unlabeled target images, K = B = 10), one warm-up round. A round
 trains every client's reciprocal model and student (mapped by the engine) and recomputes the SR
 matrix: every cached model on every client's D_lab, N^2 evaluations, plus N^2 parameter
-distances (`finish`, server-side, the same code under every mapping). The SR kernel is also timed
-alone, jitted, on the state after warm-up. `--model mlp` (784-200-200-10) swaps in a cheaper
-model, so that N = 500 fits a CPU session: the N x N kernel's count of evaluations is the same.
+distances (`refresh_similarity`, at the base station, the same code under every mapping). The SR
+kernel is also timed alone, jitted, on the state after warm-up. `--model mlp` (784-200-200-10)
+swaps in a cheaper model, so that N = 500 fits a CPU session: the N x N kernel's count of
+evaluations is the same.
 """
 
 from __future__ import annotations
@@ -28,24 +29,15 @@ from fedjax_semi import experiment
 
 def sr_kernel(alg, state, data):
     """The round's Eq. 19 call alone: S [N, N] from the cache, R, R_prev and T on D_lab."""
-    ex = state.extra
     lab = data.roles["target_labeled"]
 
-    def run(ex):
-        shown = alg.broadcast(ex["cache"])
+    def run(state):
+        shown = alg.broadcast(state.cache)
         return alg.similarity(
-            ex["cache"],
-            shown,
-            ex["rec"],
-            ex["rec_prev"],
-            state.client_vars,
-            data.x,
-            data.y,
-            lab,
-            ex["sr"],
+            state.cache, shown, state.R, state.R_prev, state.T, data.x, data.y, lab, state.S
         )[0]
 
-    return functools.partial(jax.jit(run), ex)
+    return functools.partial(jax.jit(run), state)
 
 
 def main() -> None:

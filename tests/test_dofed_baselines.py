@@ -33,14 +33,14 @@ BASE = [
     "partition=subset",
     f"num_clients={N}",
     f"clients_per_round={S}",
-    "partition.train_per_class=40",
-    "partition.target_per_class=40",
-    "partition.target_labeled_fraction=0.5",
-    "partition.test_per_class=15",
+    "partition.dofed.train_per_class=40",
+    "partition.dofed.target_per_class=40",
+    "partition.dofed.target_labeled_fraction=0.5",
+    "partition.dofed.test_per_class=15",
     "algorithm.lr=0.1",
     f"algorithm.batch_size={BATCH}",
-    f"systems.time_sec_per_train_sample={S_TRAIN}",
-    f"systems.time_sec_per_infer_sample={S_INFER}",
+    f"systems.wireless.time_sec_per_train_sample={S_TRAIN}",
+    f"systems.wireless.time_sec_per_infer_sample={S_INFER}",
 ]
 FOMO = ["algorithm=fedfomo", *BASE, f"algorithm.fedfomo_m={M}"]
 FAVG = ["algorithm=fedavg", *BASE]
@@ -242,7 +242,7 @@ def test_training_table_is_train_plus_lab(fomo):
 
 def test_predict_labels_matches_a_loop(fomo):
     exp, _, states, _, _ = fomo
-    vars_ = states[-1].client_vars
+    vars_ = states[-1].theta
     table = exp.fed.roles["target_unlabeled"]
     got = np.asarray(common.predict_labels(exp.model, vars_, exp.fed.x, table, per_client=True))
     for n in range(N):
@@ -329,20 +329,20 @@ def test_fedfomo_downloads_follow_affinity(fomo):
     assert not rows[0]["download_valid"].any() and rows[0]["n_degenerate_rows"] == S
     uploaded = np.zeros(N, bool)
     for t in range(1, ROUNDS + 1):
-        prev, row = states[t - 1].extra, rows[t - 1]
+        prev, row = states[t - 1], rows[t - 1]
         cohort, ids = row["cohort"], row["download_ids"]
         # float32 0.3 - 0.05 (t - 1) cancels toward 0: abs for that, a few float32 ulps of 0.3.
         assert row["epsilon"] == pytest.approx(max(0.3 - 0.05 * (t - 1), 0.0), abs=1e-6)
         key = round_key(exp.key, ff.DOWNLOAD, t)
-        replay = fw.fedfomo_choose_downloads(key, prev["affinity"], M, row["epsilon"])
+        replay = fw.fedfomo_choose_downloads(key, prev.P, M, row["epsilon"])
         np.testing.assert_array_equal(ids, np.asarray(replay)[cohort])
         assert all(n not in ids[s] for s, n in enumerate(cohort))
         np.testing.assert_array_equal(row["download_valid"], uploaded[ids])
         uploaded[cohort] = True
-        np.testing.assert_array_equal(states[t].extra["uploaded"], uploaded)
+        np.testing.assert_array_equal(states[t].uploaded, uploaded)
         # Greedy rows: top M of the affinity row, self excluded, ties to the lower id.
-        p = np.asarray(prev["affinity"], np.float64)
-        greedy = np.asarray(fw.fedfomo_choose_downloads(key, prev["affinity"], M, 0.0))
+        p = np.asarray(prev.P, np.float64)
+        greedy = np.asarray(fw.fedfomo_choose_downloads(key, prev.P, M, 0.0))
         for n in range(N):
             order = sorted((i for i in range(N) if i != n), key=lambda i: (-p[n, i], i))
             assert sorted(greedy[n]) == sorted(order[:M]), (t, n)
@@ -358,13 +358,13 @@ def test_fedfomo_weights_update_and_affinity_by_hand(fomo):
     before, after, row = states[t - 1], states[t], rows[t - 1]
     data = exp.fed.train_view()
     table = common.training_table(exp.fed.roles, "train_and_lab")
-    p_ref = np.asarray(before.extra["affinity"], np.float64).copy()
+    p_ref = np.asarray(before.P, np.float64).copy()
     signs = set()
     for s, n in enumerate(row["cohort"]):
         ids, valid = row["download_ids"][s], row["download_valid"][s]
-        own = row_of(before.client_vars, n)
+        own = row_of(before.theta, n)
         l_own = np_loss(exp, own, n)
-        peers = [row_of(before.client_vars, i) for i in ids]
+        peers = [row_of(before.theta, i) for i in ids]
         dist = [np.linalg.norm(flat(p["params"]) - flat(own["params"])) for p in peers]
         raw = np.array(
             [(l_own - np_loss(exp, p, n)) / max(d, 1e-8) for p, d in zip(peers, dist, strict=True)]
@@ -387,13 +387,13 @@ def test_fedfomo_weights_update_and_affinity_by_hand(fomo):
             jax.tree.map(lambda x, n=n: x[n], table), alg.schedule,
             client_key(exp.key, ff.SAMPLE, t, n), client_key(exp.key, ff.DROPOUT, t, n),
         )  # fmt: skip
-        want = row_of(after.client_vars, n)
+        want = row_of(after.theta, n)
         for x, y in zip(jax.tree.leaves(trained), jax.tree.leaves(want), strict=True):
             np.testing.assert_allclose(np.asarray(x), y, atol=1e-4)
     assert signs == {-1.0, 1.0}  # helpful and harmful peers both occur here
-    np.testing.assert_allclose(after.extra["affinity"], p_ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(after.P, p_ref, rtol=1e-4, atol=1e-5)
     for n in set(range(N)) - set(row["cohort"].tolist()):
-        assert leaves_equal(row_of(after.client_vars, n), row_of(before.client_vars, n))
+        assert leaves_equal(row_of(after.theta, n), row_of(before.theta, n))
 
 
 def test_fedfomo_normalized_affinity_knob(fomo):
@@ -403,13 +403,13 @@ def test_fedfomo_normalized_affinity_knob(fomo):
     alg = ff.fedfomo(cfg, model=exp.model, num_clients=N, clients_per_round=S)
     other = experiment.Experiment(exp.cfg, exp.dataset, exp.partition, exp.fed, exp.model, alg)
     states, rows, _ = run(other.runner(chunk="all", eval_chunk="all"), rounds=3)
-    row, p0 = rows[-1], np.asarray(states[2].extra["affinity"]).copy()
+    row, p0 = rows[-1], np.asarray(states[2].P).copy()
     for s, n in enumerate(row["cohort"]):
         p0[n, row["download_ids"][s]] += np.where(
             row["download_valid"][s], row["fomo_weights"][s], 0
         )
-    np.testing.assert_allclose(states[3].extra["affinity"], p0, atol=1e-6)
-    assert (np.asarray(states[3].extra["affinity"]) >= 0).all()
+    np.testing.assert_allclose(states[3].P, p0, atol=1e-6)
+    assert (np.asarray(states[3].P) >= 0).all()
 
 
 # ----------------------------------------------------------------------------- FedBE
@@ -422,7 +422,7 @@ def test_fedbe_ensemble_and_swa_distillation(be):
     exp, _, states, rows, _ = be
     alg = exp.alg
     rng = np.random.default_rng(5)
-    mu = states[1].global_vars
+    mu = states[1].w
     var = jax.tree.map(lambda a: jnp.asarray(np.abs(rng.normal(size=a.shape)) * 1e-3), mu["params"])
     clients = jax.tree.map(lambda a: jnp.stack([a, a + 1.0]), mu)
     members = alg.ensemble(mu, var, clients, jnp.int32(2), exp.key)
@@ -434,7 +434,7 @@ def test_fedbe_ensemble_and_swa_distillation(be):
         assert leaves_equal(row_of(members, 1 + s)["params"], row_of(want, s))
     assert all(r["ensemble_size"] == 1 + SAMPLES + S for r in rows)
 
-    pool = states[0].extra["pool"]
+    pool = states[0].pool
     targets = jax.nn.softmax(jnp.asarray(rng.normal(size=(pool.shape[0], 10)), jnp.float32))
     x, t = exp.fed.x, jnp.int32(2)
     distill = jax.jit(alg.distill)
@@ -472,7 +472,7 @@ def test_fedbe_pool_choices(be):
     corrupting every label leaves the pool as it was."""
     exp, _, states, _, _ = be
     fed = exp.fed
-    pool = np.asarray(states[0].extra["pool"])
+    pool = np.asarray(states[0].pool)
     assert len(pool) == POOL == len(np.unique(pool))
     assert not np.isin(pool, np.asarray(fed.server["test_global"])).any()
     scrambled = fed.with_hidden_labels(jnp.zeros_like(fed.eval_y))
@@ -483,7 +483,7 @@ def test_fedbe_pool_choices(be):
     np.testing.assert_array_equal(mine, np.unique(held))
     with pytest.raises(ConfigError, match=r"algorithm\.fedbe_pool='server'.*train_split"):
         fb.server_pool(fed, "server", 0, 0)
-    probs = np.asarray(states[-1].extra["pool_probs"])
+    probs = np.asarray(states[-1].pool_probs)
     np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
 
 
@@ -535,7 +535,14 @@ def test_labels_are_the_classification_models_predictions(runs, name):
     np.testing.assert_array_equal(row["pl_index"], unl.idx)
     for n in range(N):
         k = int(unl.count[n])
-        v = row_of(state.client_vars, n) if name in ("fedfomo", "local") else state.global_vars
+        if name == "local":  # each client's own model
+            v = row_of(state.w_k, n)
+        elif name == "fedavg":  # the global model
+            v = state.w
+        elif name == "fedfomo":  # each client's personalized model
+            v = row_of(state.theta, n)
+        else:  # FedBE's global model
+            v = state.w
         logits = exp.model.apply(v, exp.fed.x[np.asarray(unl.idx[n])[:k]])[0]
         np.testing.assert_array_equal(row["pl_label"][n, :k], np.argmax(np.asarray(logits), -1))
         assert (row["pl_label"][n, k:] == -1).all()
@@ -593,7 +600,7 @@ def test_seed_changes_partition_and_init(fomo):
     exp = fomo[0]
     other = experiment.build(compose_config(*FOMO, "seed=1"))
     assert not leaves_equal(
-        other.alg.init(other.key, other.fed).client_vars, exp.alg.init(exp.key, exp.fed).client_vars
+        other.alg.init(other.key, other.fed).theta, exp.alg.init(exp.key, exp.fed).theta
     )
     assert not all(
         np.array_equal(a, b)
@@ -604,21 +611,22 @@ def test_seed_changes_partition_and_init(fomo):
 
 
 def test_shannon_mode_uses_dofed_spp_channels(fomo):
-    """wireless_mode=shannon: the baselines' fixed per-client rates are DoFed-SPP's (same
+    """systems.wireless.mode=shannon: the baselines' fixed per-client rates are DoFed-SPP's (same
     channel stream), and a round's upload time is sum over the participants of m / r_i."""
     from fedjax_semi.algorithms.dofed_spp import dofed_spp
     from fedjax_semi.algorithms.dofed_task import DoFedSPPConfig
 
     exp = fomo[0]
-    shannon = dataclasses.replace(exp.alg.systems, wireless_mode="shannon")
+    wireless = dataclasses.replace(exp.alg.systems.wireless, mode="shannon")
+    shannon = dataclasses.replace(exp.alg.systems, wireless=wireless)
     alg = ff.fedfomo(
         exp.alg.cfg, model=exp.model, num_clients=N, clients_per_round=S, systems=shannon
     )
     dofed_cfg = DoFedSPPConfig(selection_k=3, selection_b=2)
     ref = dofed_spp(dofed_cfg, model=exp.model, num_clients=N, clients_per_round=N, systems=shannon)
-    extra = alg.init(exp.key, exp.fed).extra
-    np.testing.assert_array_equal(extra["rate_mbps"], ref.uplink.shannon_rates(exp.key, N))
+    clock = alg.init(exp.key, exp.fed).clock
+    np.testing.assert_array_equal(clock.rate_mbps, ref.uplink.shannon_rates(exp.key, N))
     chosen = jnp.asarray([True, False, True, False, False, True])
-    total, _ = alg.uplink.upload_time(exp.key, chosen, jnp.int32(1), extra)
-    rates = np.asarray(extra["rate_mbps"])
+    total, _ = alg.uplink.upload_time(exp.key, chosen, jnp.int32(1), clock)
+    rates = np.asarray(clock.rate_mbps)
     assert float(total) == pytest.approx(np.sum(alg.model_mb / rates[[0, 2, 5]]), rel=1e-5)

@@ -18,7 +18,7 @@ import pytest
 from conftest import compose_config, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.algorithms.dofed_spp import dofed_spp, low_rank
-from fedjax_semi.config import SystemsConfig
+from fedjax_semi.config_groups import WirelessSystems
 from fedjax_semi.data.federated import RoleTable
 from fedjax_semi.engine.simulate import pseudo_label_accuracy
 from fedjax_semi.errors import ConfigError
@@ -28,12 +28,12 @@ S_TRAIN, S_INFER = 2e-4, 5e-5
 TINY = [
     "algorithm=dofed_spp",
     "partition=subset",
-    "partition.assignment=balanced",  # the thresholds below were set on this partition
+    "partition.dofed.assignment=balanced",  # the thresholds below were set on this partition
     f"num_clients={N}",
-    "partition.train_per_class=40",  # 500 / 10 / 190 per class, scaled down
-    "partition.target_per_class=40",
-    "partition.target_labeled_fraction=0.1",
-    "partition.test_per_class=15",
+    "partition.dofed.train_per_class=40",  # 500 / 10 / 190 per class, scaled down
+    "partition.dofed.target_per_class=40",
+    "partition.dofed.target_labeled_fraction=0.1",
+    "partition.dofed.test_per_class=15",
     f"algorithm.warmup_rounds={L}",
     f"algorithm.selection_k={K}",
     f"algorithm.selection_b={B}",
@@ -43,8 +43,8 @@ TINY = [
     # A margin above the untrained student's loss keeps a few non-matching providers in the
     # SR rows, so the SRs are not one-hot and AC7 / AC27 compare real numbers.
     "algorithm.sr_g2=8.0",
-    f"systems.time_sec_per_train_sample={S_TRAIN}",
-    f"systems.time_sec_per_infer_sample={S_INFER}",
+    f"systems.wireless.time_sec_per_train_sample={S_TRAIN}",
+    f"systems.wireless.time_sec_per_infer_sample={S_INFER}",
 ]
 
 
@@ -160,37 +160,37 @@ def test_warmup_trains_reciprocal_models_only(tiny):
     all N uploaded (cache = R, cache_round 0) and the student scores like a random model."""
     exp, states, _, evals = tiny
     init, warm = exp.alg.init(exp.key, exp.fed), states[0]
-    rec0 = init.extra["rec"]
+    rec0 = init.R
     assert all(np.ptp(np.asarray(a), axis=0).max() == 0 for a in jax.tree.leaves(rec0))
     for n in range(N):
         moved = max(
             float(np.abs(np.asarray(a)[n] - np.asarray(b)[n]).max())
-            for a, b in zip(jax.tree.leaves(warm.extra["rec"]), jax.tree.leaves(rec0), strict=True)
+            for a, b in zip(jax.tree.leaves(warm.R), jax.tree.leaves(rec0), strict=True)
         )
         assert moved > 1e-3, n
-    assert leaves_equal(warm.client_vars, init.client_vars)
-    assert leaves_equal(warm.extra["rec_prev"], rec0)
-    assert leaves_equal(warm.extra["cache"], warm.extra["rec"])
-    np.testing.assert_array_equal(warm.extra["cache_round"], np.zeros(N))
-    assert int(warm.round) == 0 and int(warm.extra["comm"]["warmup_uploads"]) == N
+    assert leaves_equal(warm.T, init.T)
+    assert leaves_equal(warm.R_prev, rec0)
+    assert leaves_equal(warm.cache, warm.R)
+    np.testing.assert_array_equal(warm.cache_round, np.zeros(N))
+    assert int(warm.round) == 0 and int(warm.comm.warmup_uploads) == N
     assert evals[0]["accuracy"] < 0.4  # T0 is untrained
 
 
 def test_upload_fills_cache_with_chosen_models_ac13(tiny):
     exp, states, rows, _ = tiny
     for t in range(1, ROUNDS + 1):
-        before, after, chosen = states[t - 1].extra, states[t].extra, rows[t - 1]["chosen"]
+        before, after, chosen = states[t - 1], states[t], rows[t - 1]["chosen"]
         assert chosen.sum() == K == rows[t - 1]["uploads"]
         for n in range(N):
-            src = before["rec"] if chosen[n] else before["cache"]
-            assert client_rows_equal(after["cache"], src, n), (t, n)
-        want = np.where(chosen, t, np.asarray(before["cache_round"]))
-        np.testing.assert_array_equal(after["cache_round"], want)
+            src = before.R if chosen[n] else before.cache
+            assert client_rows_equal(after.cache, src, n), (t, n)
+        want = np.where(chosen, t, np.asarray(before.cache_round))
+        np.testing.assert_array_equal(after.cache_round, want)
         # Phase 4: R_prev takes the old R; the new R is trained from it.
-        assert leaves_equal(after["rec_prev"], before["rec"])
+        assert leaves_equal(after.R_prev, before.R)
     assert rows[-1]["comm_uploads"] == K * ROUNDS
     # Only K of N upload each round: some cache entries stay from Phase 0.
-    assert (np.asarray(states[-1].extra["cache_round"]) == 0).any()
+    assert (np.asarray(states[-1].cache_round) == 0).any()
 
 
 def test_clock_phase0_and_rounds_ac25(tiny):
@@ -222,7 +222,7 @@ def test_sr_rows_ac1_ac2(tiny):
     """S >= 0, rows sum to 1, nothing degenerate here; d[n, n] = ||R_n - R_n^prev|| > 0."""
     _, states, rows, _ = tiny
     for s in states:
-        sr = np.asarray(s.extra["sr"])
+        sr = np.asarray(s.S)
         assert sr.shape == (N, N) and (sr >= 0).all() and np.isfinite(sr).all()
         np.testing.assert_allclose(sr.sum(1), 1.0, atol=1e-6)
     assert all(r["n_degenerate_rows"] == 0 for r in rows)
@@ -230,8 +230,8 @@ def test_sr_rows_ac1_ac2(tiny):
         d = [
             np.linalg.norm((np.asarray(a) - np.asarray(b)).reshape(N, -1), axis=1) ** 2
             for a, b in zip(
-                jax.tree.leaves(s.extra["rec"]["params"]),
-                jax.tree.leaves(s.extra["rec_prev"]["params"]),
+                jax.tree.leaves(s.R["params"]),
+                jax.tree.leaves(s.R_prev["params"]),
                 strict=True,
             )
         ]
@@ -242,12 +242,12 @@ def test_round_one_sr_equals_phase0_sr_ac7(tiny):
     """target_version=pre_update: round 1 re-uploads R^1 = the Phase-0 cache, scores it against
     the same R_prev = R0 with the same T0, so S after round 1 equals S after Phase 0."""
     _, states, rows, _ = tiny
-    sr0, sr1 = (np.asarray(states[t].extra["sr"]) for t in (0, 1))
+    sr0, sr1 = (np.asarray(states[t].S) for t in (0, 1))
     assert 0.0 < sr0[sr0 > 0].min() < 0.5  # not one-hot: a real comparison
     np.testing.assert_allclose(sr1, sr0, atol=1e-6)
     assert rows[0]["F"] == pytest.approx(rows[1]["F"], abs=1e-5)
     # From round 2 on the student is trained, l_n(T_n) drops and the SRs change.
-    assert np.abs(np.asarray(states[2].extra["sr"]) - sr0).max() > 1e-2
+    assert np.abs(np.asarray(states[2].S) - sr0).max() > 1e-2
 
 
 def test_selection_and_student_set_ac9_ac15(tiny):
@@ -259,7 +259,7 @@ def test_selection_and_student_set_ac9_ac15(tiny):
     exp, states, rows, _ = tiny
     n_l, n_u = counts(exp, "target_labeled", "target_unlabeled")
     for t in range(1, ROUNDS + 1):
-        row, sr = rows[t - 1], states[t - 1].extra["sr"]
+        row, sr = rows[t - 1], states[t - 1].S
         chosen, _, value = sim.greedy_select(sr, K, B, fast_path=False)
         np.testing.assert_array_equal(row["chosen"], np.asarray(chosen))
         # float32 sums of SRs in [0, 1], in the round program vs eagerly: another order.
@@ -277,12 +277,12 @@ def test_student_continues_from_its_parameters_ac17(tiny_runner, tiny):
     exp, runner = tiny_runner
     _, states, _, _ = tiny
     s = states[1]
-    tar = jax.tree.map(lambda a: a.at[0].add(0.05), s.client_vars)
-    nxt, _ = runner.round(s.replace(client_vars=tar))
-    assert not client_rows_equal(nxt.client_vars, states[2].client_vars, 0)
+    tar = jax.tree.map(lambda a: a.at[0].add(0.05), s.T)
+    nxt, _ = runner.round(s.replace(T=tar))
+    assert not client_rows_equal(nxt.T, states[2].T, 0)
     for n in range(1, N):
-        assert client_rows_equal(nxt.client_vars, states[2].client_vars, n)
-    assert leaves_equal(nxt.extra["rec"], states[2].extra["rec"])
+        assert client_rows_equal(nxt.T, states[2].T, n)
+    assert leaves_equal(nxt.R, states[2].R)
 
 
 def test_same_seed_identical_other_seed_differs_ac19(tiny_runner, tiny):
@@ -300,7 +300,7 @@ def test_same_seed_identical_other_seed_differs_ac19(tiny_runner, tiny):
         )
     )
     assert not leaves_equal(
-        other.alg.init(other.key, other.fed).client_vars, exp.alg.init(exp.key, exp.fed).client_vars
+        other.alg.init(other.key, other.fed).T, exp.alg.init(exp.key, exp.fed).T
     )
 
 
@@ -315,9 +315,9 @@ def test_reciprocal_models_are_independent_ac20(tiny_runner, tiny):
     with swapped_data(runner, dataclasses.replace(fed, roles={**fed.roles, "labeled": other})):
         changed, _ = run(runner)
     for s, c in zip(states, changed, strict=True):
-        assert not client_rows_equal(s.extra["rec"], c.extra["rec"], 0)
+        assert not client_rows_equal(s.R, c.R, 0)
         for n in range(1, N):
-            assert client_rows_equal(s.extra["rec"], c.extra["rec"], n)
+            assert client_rows_equal(s.R, c.R, n)
 
 
 # ----------------------------------------------------------------------------- data (AC22-AC24)
@@ -361,7 +361,7 @@ def test_sr_mass_on_matching_providers_ac27(tiny):
     exp, states, _, _ = tiny
     a = exp.partition.assignments
     match = a["train_cluster"][None, :] == a["target_cluster"][:, None]  # [n, i]
-    sr = np.asarray(states[0].extra["sr"])
+    sr = np.asarray(states[0].S)
     assert (sr * match).sum(1).mean() >= 0.7
 
 
@@ -387,7 +387,7 @@ def test_budget_mode_normal_partition_ac12_ac23(tmp_path):
     s_infer = 1e-6  # cheap labeling next to the uploads, so B can be large and K is limited
     over = [
         *TINY, "partition=normal", "algorithm.selection_mode=budget", "rounds=2",
-        f"systems.time_sec_per_infer_sample={s_infer}",
+        f"systems.wireless.time_sec_per_infer_sample={s_infer}",
     ]  # fmt: skip
     exp = experiment.build(compose_config(*over, "algorithm.selection_time_per_round_s=1"))
     check_partition(exp, "normal")
@@ -420,7 +420,7 @@ KNOBS = [
     "algorithm.sr_exclude_self=true",
     "algorithm.label_renormalize=true",
     "algorithm.pca_rank=2",
-    "systems.wireless_mode=shannon",
+    "systems.wireless.mode=shannon",
 ]
 
 
@@ -431,23 +431,23 @@ def test_every_knob_runs_and_is_used():
     take m / r_i at the fixed Shannon rates."""
     exp = experiment.build(compose_config(*TINY, *KNOBS))
     init = exp.alg.init(exp.key, exp.fed)
-    for models in (init.client_vars, init.extra["rec"]):  # kernels differ (biases start at 0)
+    for models in (init.T, init.R):  # kernels differ (biases start at 0)
         kernels = [a for a in jax.tree.leaves(models["params"]) if a.ndim > 2]
         assert kernels and all(np.ptp(np.asarray(a), axis=0).max() > 0 for a in kernels)
     states, rows = run(exp.runner(chunk="all", eval_chunk="all"), 2)
-    rates, m = np.asarray(init.extra["rate_mbps"]), model_mb(exp)
+    rates, m = np.asarray(init.clock.rate_mbps), model_mb(exp)
     for s in states:
-        sr = np.asarray(s.extra["sr"])
+        sr = np.asarray(s.S)
         np.testing.assert_allclose(sr.sum(1), 1.0, atol=1e-6)
         assert (np.diag(sr) == 0).all()
     # Small but real: G1 = auto (the largest model distance) swamps the loss term (A1).
-    change = np.asarray(states[1].extra["sr"]) - np.asarray(states[0].extra["sr"])
+    change = np.asarray(states[1].S) - np.asarray(states[0].S)
     assert np.abs(change).max() > 1e-4
     for t, row in enumerate(rows, start=1):
         chosen = row["chosen"]
         np.testing.assert_allclose(row["upload_times"][chosen], m / rates[chosen], rtol=1e-5)
         for n in np.flatnonzero(chosen):
-            assert client_rows_equal(states[t].extra["cache"], states[t - 1].extra["rec"], n)
+            assert client_rows_equal(states[t].cache, states[t - 1].R, n)
         assert np.isfinite(row["train_loss"]) and row["client_finite"].all()
 
 
@@ -471,28 +471,29 @@ def test_low_rank_broadcast_copies():
 
 
 def test_shannon_rates_and_uploads(tiny):
-    """wireless_mode=shannon: fixed per-client Eq. 8 rates for distances in [0.05, 0.5] km; a
-    round's upload time is sum over the chosen of m / r_i."""
+    """systems.wireless.mode=shannon: fixed per-client Eq. 8 rates for distances in
+    [0.05, 0.5] km; a round's upload time is sum over the chosen of m / r_i."""
     from fedjax_semi.systems import wireless as wl
 
     exp, _, _, _ = tiny
     cfg = exp.alg.cfg
-    shannon = dataclasses.replace(exp.alg.systems, wireless_mode="shannon")
+    wireless = dataclasses.replace(exp.alg.systems.wireless, mode="shannon")
+    shannon = dataclasses.replace(exp.alg.systems, wireless=wireless)
     alg = dofed_spp(cfg, model=exp.model, num_clients=N, clients_per_round=N, systems=shannon)
-    extra = alg.init(exp.key, exp.fed).extra
-    rates = np.asarray(extra["rate_mbps"])
+    clock = alg.init(exp.key, exp.fed).clock
+    rates = np.asarray(clock.rate_mbps)
 
     def rate(d):
         return float(wl.shannon_rate(1e7, wl.path_loss_gain(d), 0.2, wl.dbm_to_watt(-174.0))) / 8e6
 
     assert ((rates >= rate(0.5) * (1 - 1e-5)) & (rates <= rate(0.05) * (1 + 1e-5))).all()
     chosen = jnp.asarray([True, False, True, False, False, True])
-    total, _ = alg.uplink.upload_time(exp.key, chosen, 1, extra)
+    total, _ = alg.uplink.upload_time(exp.key, chosen, 1, clock)
     m = model_mb(exp)
     assert float(total) == pytest.approx(np.sum(m / rates[[0, 2, 5]]), rel=1e-5)
     # Budget mode's C3 is the mean upload time of one client.
     alg.cfg = dataclasses.replace(cfg, selection_time_per_round_s=1.0)
-    _, _, c3 = alg.budget_constants(tuple(jnp.asarray(c) for c in counts(exp, *ROLES)), extra)
+    _, _, c3 = alg.budget_constants(tuple(jnp.asarray(c) for c in counts(exp, *ROLES)), clock)
     assert float(c3) == pytest.approx(np.mean(m / rates), rel=1e-5)
 
 
@@ -525,10 +526,10 @@ def test_bad_config_values_name_key_and_allowed(tiny, key, value, allowed):
 
 # The clock's knobs (the systems group), shared by DoFed-SPP and its baselines.
 SYSTEMS_BAD = [
-    ("wireless_mode", "radio", "'empirical', 'shannon'"),
-    ("wireless_rate_mbps", [10.0, 2.0], "low <= high"),
-    ("wireless_distance_km", [0.0, 0.5], "0 < low"),
-    ("wireless_power_w", 0.0, "> 0"),
+    ("mode", "radio", "'empirical', 'shannon'"),
+    ("rate_mbps", [10.0, 2.0], "low <= high"),
+    ("distance_km", [0.0, 0.5], "0 < low"),
+    ("power_w", 0.0, "> 0"),
     ("time_sec_per_train_sample", -1.0, ">= 0"),
 ]
 
@@ -537,8 +538,8 @@ SYSTEMS_BAD = [
     ("key", "value", "allowed"), SYSTEMS_BAD, ids=[f"{k}={v}" for k, v, _ in SYSTEMS_BAD]
 )
 def test_bad_systems_values_name_key_and_allowed(key, value, allowed):
-    with pytest.raises(ConfigError, match=rf"systems\.{key}=.*{allowed}"):
-        SystemsConfig(**{key: value})
+    with pytest.raises(ConfigError, match=rf"systems\.wireless\.{key}=.*{allowed}"):
+        WirelessSystems(**{key: value})
 
 
 def test_bad_config_through_the_cli_path_and_missing_roles(tiny):

@@ -12,8 +12,8 @@ The paper leaves how it ran its baselines to an appendix that is not public; our
   DoFed-SPP, so client i uploads at the same rate in round t under every method (common random
   numbers); downloads and the server are free (Sec. 3.1).
 * Labeling accuracy (Sec. 6.2: the baselines label with their classification models): a
-  baseline's labels of D_unl are its classification model's hard predictions; `finish`
-  reports them for every client as `pl_index` / `pl_label` and the engine scores them into
+  baseline's labels of D_unl are its classification model's hard predictions; its server
+  update reports them for every client as `pl_index` / `pl_label` and the engine scores them into
   `pl_acc` on the host.
 * Classification accuracy: the model a client uses (FedFomo: its personalized model; FedBE: the
   global model) on its own target test split; `accuracy` is the mean over clients, like
@@ -47,8 +47,20 @@ PyTree = Any
 
 
 @struct.dataclass
+class Traffic:
+    """Models moved so far (int32 [] each): uploads to the server, downloads from it."""
+
+    uploads: jax.Array
+    downloads: jax.Array
+
+    @classmethod
+    def zero(cls) -> Traffic:
+        return cls(uploads=jnp.int32(0), downloads=jnp.int32(0))
+
+
+@struct.dataclass
 class TargetPlan:
-    """What a baseline's server keeps from `prepare` for `finish` on DoFed-SPP's tasks: the
+    """What a baseline's server update reads on DoFed-SPP's tasks besides the uploads: the
     clock's inputs and the rows every client labels (the labeling accuracy of Table 1).
 
     cohort: int32 [S] the participants.

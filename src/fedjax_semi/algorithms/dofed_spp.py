@@ -8,19 +8,19 @@ prediction ensemble.
 
     Phase 0  R = R0 (one init); L rounds of local training on D_train;        (warmup)
              every client uploads: cache = R; S = SR(cache, R, R0, T0); R_prev = R0
-    for t = 1..rounds (every client, every round):
-      1  (K, B) fixed or from Ineq. 26; U, x = greedy(S, K, B)                 (prepare)
+    for t = 1..rounds (every client, every round):                           (round)
+      1  (K, B) fixed or from Ineq. 26; U, x = greedy(S, K, B)                 (select_and_upload)
          cache[U] = R[U]; clock += sum_{i in U} m / r_i
       2  y_pl[n] = argmax sum_i x[n, i] S[n, i] softmax(f(cache_i, D_unl[n]))  (client_update)
       3  T_n = local SGD from T_n on D_unl with y_pl + D_lab with true labels
       4  R_prev, R_n = R_n, local SGD from R_n on D_train
-         S = SR(cache, R, R_prev, T_pre) with Eq. 19 (before the update of R)   (finish)
+         S = SR(cache, R, R_prev, T_pre) with Eq. 19 (before the update of R)   (refresh_similarity)
          clock += compute
 
-`prepare` and `finish` are server-side array code over all N clients (the SR matrix, the greedy
-selection, the cache, the clock); `client_update` is one client's Phases 2-4 and is mapped over
-the client axis by the engine. The SR kernel sits in `finish` because row n needs the whole
-cache; every piece of it is a vmapped kernel of `kernels.similarity`.
+Phases 1 and 4's server halves are array code over all N clients at the base station (the SR
+matrix, the greedy selection, the cache, the clock); `client_update` is one client's Phases 2-4,
+mapped over the client axis by the engine. The SR kernel runs at the base station because row n
+needs the whole cache; every piece of it is a vmapped kernel of `kernels.similarity`.
 
 Data roles: the SUBSET / NORMAL partitions give `labeled` (D_train), `target_labeled` (D_lab),
 `target_unlabeled` (D_unl) and `test`. On a generic semi-supervised partition (`labeled`,
@@ -37,17 +37,14 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedjax_semi.algorithms.base import (
-    FLState,
-    Mapper,
-    RoundShared,
-    cohort_metrics,
-    register,
-)
+from fedjax_semi.algorithms.base import RoundShared, cohort_metrics, register
 from fedjax_semi.algorithms.dofed_task import (
-    DoFedInputs,
+    DoFedClient,
+    DoFedComm,
+    DoFedPlan,
     DoFedSPPConfig,
-    DoFedWarmupInputs,
+    DoFedUpload,
+    DoFedWarmupClient,
     TargetTaskMethod,
     check_selection_k,
     client_evaluator,
@@ -56,7 +53,7 @@ from fedjax_semi.algorithms.dofed_task import (
     low_rank,
 )
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
-from fedjax_semi.engine.clients import broadcast, gather
+from fedjax_semi.engine.clients import Clients, broadcast, gather
 from fedjax_semi.engine.keys import (
     INIT,
     REC_DROPOUT,
@@ -67,40 +64,41 @@ from fedjax_semi.engine.keys import (
     WARM_SAMPLE,
     client_key,
 )
-from fedjax_semi.engine.train import (
-    Schedule,
-    evaluate_row,
-    make_optimizer,
-)
+from fedjax_semi.engine.train import Schedule, evaluate_row, make_optimizer
 from fedjax_semi.errors import ConfigError
 from fedjax_semi.kernels import similarity as sim
 from fedjax_semi.systems import wireless
+from fedjax_semi.systems.uplink import UplinkState
 
 PyTree = Any
+Counts = tuple[jax.Array, jax.Array, jax.Array]  # valid sizes [N] of D_train, D_lab, D_unl
 
 
 @struct.dataclass
-class DoFedPlan:
-    """prepare -> finish at the base station (Algorithm 2's Phase 1 -> Phase 4).
+class DoFedSPPState:
+    """What DoFed-SPP carries from round to round (Algorithm 2's symbols). Models are
+    [N]-stacked variables.
 
-    cohort: int32 [N] everyone; sel: the uploader selection; budget: Eq. 26's (C1, C2, C3) in
-    budget mode, else (); cache / shown: the cache after this round's uploads [N] and the
-    models each client is shown; cache_round: int32 [N] the round of each cached model;
-    label_degenerate: bool [N] rows whose labeling weights fell back to uniform; counts: the
-    valid sizes [N] of D_train, D_lab, D_unl; lab: D_lab [N, Dl]; x, y: the visible data.
+    round: int32 [] rounds done (Phase 0 is round 0); sim_time: float32 [] the simulated clock.
+    R: the reciprocal models R_n; R_prev: R_n^prev, R one update earlier (Eq. 19's distances).
+    T: the target (student) models T_n, the ones evaluated.
+    cache: the base station's copies of the last uploaded R_i; cache_round: int32 [N] the round
+        each was uploaded in (-1: never).
+    S: float32 [N, N] the similarity ratios S[n, i] of Eq. 19 (row n: consumer n).
+    comm: the upload counts; clock: the uplink's fixed rates (shannon mode).
+    No server model (the base station only relays uploads); the optimizers restart every round.
     """
 
-    cohort: jax.Array
-    sel: sim.Selection
-    budget: tuple
+    round: jax.Array
+    R: PyTree
+    R_prev: PyTree
+    T: PyTree
     cache: PyTree
-    shown: PyTree
     cache_round: jax.Array
-    label_degenerate: jax.Array
-    counts: tuple
-    lab: RoleTable
-    x: jax.Array
-    y: jax.Array
+    S: jax.Array
+    comm: DoFedComm
+    clock: UplinkState
+    sim_time: jax.Array
 
 
 @dataclasses.dataclass
@@ -124,7 +122,7 @@ class DoFedSPP(TargetTaskMethod):
 
     # ------------------------------------------------------------------ state
 
-    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
+    def init(self, key: jax.Array, fed: FederatedData) -> DoFedSPPState:
         """R0 and T0 (Algorithm 2 line 3; one shared init each by default: docs/choices.md,
         DoFed-SPP, "Other choices"); S uniform until Phase 0."""
         need = {*data_roles(fed.roles), "test"}
@@ -144,42 +142,39 @@ class DoFedSPP(TargetTaskMethod):
             return jax.vmap(self.model.init)(keys)
 
         rec0, tar0 = init_models(0), init_models(1)
-        extra = {
-            "rec": rec0,
-            "rec_prev": rec0,
-            "cache": rec0,  # nothing uploaded yet (cache_round -1)
-            "cache_round": jnp.full((n,), -1, jnp.int32),
-            "sr": jnp.full((n, n), 1.0 / n, jnp.float32),
-            "comm": {"uploads": jnp.int32(0), "warmup_uploads": jnp.int32(0)},
-        }
-        extra.update(self.uplink.init_state(key, n))  # Shannon mode's fixed rates
-        return FLState(
+        return DoFedSPPState(
             round=jnp.zeros((), jnp.int32),
-            global_vars={},  # no server model: the BS only relays uploads
-            client_vars=tar0,  # the target models T_n, the ones evaluated
-            client_opt={},  # momentum restarts every round (hyperparameters unstated)
+            R=rec0,
+            R_prev=rec0,
+            T=tar0,
+            cache=rec0,  # nothing uploaded yet (cache_round -1)
+            cache_round=jnp.full((n,), -1, jnp.int32),
+            S=jnp.full((n, n), 1.0 / n, jnp.float32),
+            comm=DoFedComm(uploads=jnp.int32(0), warmup_uploads=jnp.int32(0)),
+            clock=self.uplink.init_state(key, n),  # shannon mode's fixed rates
             sim_time=jnp.zeros((), jnp.float32),
-            extra=extra,
         )
 
     # ------------------------------------------------------------------ Phase 0
 
     has_warmup: ClassVar[bool] = True
 
-    def warmup(self, state: FLState, data: TrainView, mapper: Mapper, key: jax.Array) -> FLState:
+    def warmup(
+        self, state: DoFedSPPState, data: TrainView, mapper: Clients, key: jax.Array
+    ) -> DoFedSPPState:
         """Algorithm 2 lines 1-12: L rounds of reciprocal training, all N upload, first SRs."""
-        n, ex, roles = self.num_clients, state.extra, data_roles(data.roles)
-        inputs = DoFedWarmupInputs(jnp.arange(n), ex["rec"], data.roles[roles.train])
-        shared = RoundShared(ex["rec"], data.x, data.y, jnp.int32(0), key)
-        rec = mapper(self.warmup_client, inputs, shared)
+        n, roles = self.num_clients, data_roles(data.roles)
+        rows = DoFedWarmupClient(jnp.arange(n), state.R, data.roles[roles.train])
+        shared = RoundShared(state.R, data.x, data.y, jnp.int32(0), key)
+        rec = mapper(self.warmup_client, rows, shared)
         everyone = jnp.ones((n,), bool)
-        cache, cache_round = sim.upload_to_cache(ex["cache"], rec, everyone, ex["cache_round"], 0)
+        cache, cache_round = sim.upload_to_cache(state.cache, rec, everyone, state.cache_round, 0)
         # Scored: the fresh uploads; target: the untrained T0; distance reference: R0.
-        sr, _ = self.similarity(
-            cache, self.broadcast(cache), rec, ex["rec"], state.client_vars,
+        S, _ = self.similarity(
+            cache, self.broadcast(cache), rec, state.R, state.T,
             data.x, data.y, data.roles[roles.lab], None,
         )  # fmt: skip
-        t_up, _ = self.uplink.upload_time(key, everyone, 0, ex)
+        t_up, _ = self.uplink.upload_time(key, everyone, 0, state.clock)
         t_comp = wireless.phase0_compute_time(
             data.roles[roles.train].count,
             data.roles[roles.lab].count,
@@ -189,36 +184,60 @@ class DoFedSPP(TargetTaskMethod):
             sec_per_infer_sample=self.compute.sec_per_infer_sample,
             epochs_rec=self.cfg.local_epochs,
         )
-        comm = dict(ex["comm"], warmup_uploads=jnp.int32(n))
-        extra = dict(
-            ex, rec=rec, rec_prev=ex["rec"], cache=cache, cache_round=cache_round, sr=sr, comm=comm
-        )
         return state.replace(
-            sim_time=wireless.advance_clock(state.sim_time, t_comp, t_up), extra=extra
+            R=rec,
+            R_prev=state.R,
+            cache=cache,
+            cache_round=cache_round,
+            S=S,
+            comm=state.comm.replace(warmup_uploads=jnp.int32(n)),
+            sim_time=wireless.advance_clock(state.sim_time, t_comp, t_up),
         )
 
-    def warmup_client(self, inp: DoFedWarmupInputs, shared: RoundShared) -> PyTree:
+    def warmup_client(self, row: DoFedWarmupClient, shared: RoundShared) -> PyTree:
         """L rounds of local reciprocal training of one client: R0 -> R^L (no communication).
 
-        inp: id [], rec (one model), train (RoleTable row [Dtr]); shared: x, y (visible labels),
+        row: id [], rec (one model), train (RoleTable row [Dtr]); shared: x, y (visible labels),
         key.
         """
-        cid = inp.id
 
         def one_round(variables, r):
             variables, _, stats = self.train_client(
-                variables, inp.train, shared, cid, WARM_SAMPLE, WARM_DROPOUT, rnd=r
+                variables, row.train, shared, row.id, WARM_SAMPLE, WARM_DROPOUT, rnd=r
             )
             return variables, stats["loss"]
 
-        rec, _ = jax.lax.scan(one_round, inp.rec, jnp.arange(self.cfg.warmup_rounds))
+        rec, _ = jax.lax.scan(one_round, row.rec, jnp.arange(self.cfg.warmup_rounds))
         return rec
 
-    # ------------------------------------------------------------------ Phase 1 (server)
+    # ------------------------------------------------------------------ one round
 
-    def budget_constants(
-        self, counts: tuple[jax.Array, ...], extra: dict
-    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def round(
+        self,
+        state: DoFedSPPState,
+        data: TrainView,
+        key: jax.Array,
+        clients: Clients,
+        flags: tuple = (),
+    ) -> tuple[DoFedSPPState, dict]:
+        """One round of Algorithm 2 (lines 13-34), every client taking part: Phase 1 at the base
+        station, Phases 2-4 on the clients, Phase 4's SRs and the clock at the base station."""
+        t, n = state.round + 1, self.num_clients
+        train, lab, unl = (data.roles[r] for r in data_roles(data.roles))
+        counts = (train.count, lab.count, unl.count)
+        # Phase 1 (lines 13-19): uploaders and labeling models from last round's S; the upload.
+        plan = clients.server(self.select_and_upload)(state, counts, t)
+        rows = DoFedClient(jnp.arange(n), state.R, state.T, plan.ids, plan.w, train, lab, unl)
+        shared = RoundShared(plan.shown, data.x, data.y, t, key)  # the broadcast cache
+        up = clients.map(self.client_update, rows, shared)  # Phases 2-4 (lines 20-33)
+        # Phase 4 (line 32): the new S, R_prev <- R, the clock.
+        return clients.server(self.refresh_similarity)(
+            state, plan, up, counts, lab, data.x, data.y, key
+        )
+
+    # ------------------------------------------------------------------ Phase 1 (base station)
+
+    def budget_constants(self, counts: Counts, clock: UplinkState) -> Counts:
         """Eq. 26's (C1, C2, C3) for the slowest client (Sec. 4.4 assumes identical devices;
         docs/choices.md: DoFed-SPP, Ineq. 26 with unequal clients): counts are the valid sizes [N]
         of D_train, D_lab, D_unl. C1 = T/G minus the compute that does not grow with B, C2 = seconds
@@ -236,67 +255,43 @@ class DoFedSPP(TargetTaskMethod):
             c.selection_time_per_round_s,
             fixed,
             per_label_model,
-            self.uplink.mean_upload_time(extra),
+            self.uplink.mean_upload_time(clock),
         )
 
     def select(
-        self, sr: jax.Array, counts: tuple[jax.Array, ...], extra: dict
+        self, S: jax.Array, counts: Counts, clock: UplinkState
     ) -> tuple[sim.Selection, tuple]:
         """Algorithm 1 on S [N, N] with the configured (K, B), or with the pair of Ineq. 26 of
         largest F (Algorithm 2 lines 13-15). Returns the selection and (C1, C2, C3) or ()."""
         c = self.cfg
         if self.budget_mode:
-            consts = self.budget_constants(counts, extra)
-            return sim.select_with_budget(sr, *consts), consts
-        chosen, x, value = sim.greedy_select(sr, c.selection_k, c.selection_b)
+            consts = self.budget_constants(counts, clock)
+            return sim.select_with_budget(S, *consts), consts
+        chosen, x, value = sim.greedy_select(S, c.selection_k, c.selection_b)
         k, b = jnp.int32(c.selection_k), jnp.int32(c.selection_b)
         return sim.Selection(chosen, x, value, k, b, jnp.bool_(False)), ()
 
-    def prepare(
-        self, state: FLState, data: TrainView, key: jax.Array
-    ) -> tuple[DoFedPlan, dict, dict]:
-        """Phase 1 at the BS: select, upload into the cache, hand each client the ids [S] and
-        weights [S] of the models it labels with (S = B, or N in budget mode)."""
-        t, ex, n = state.round + 1, state.extra, self.num_clients
-        roles = data_roles(data.roles)
-        train, lab, unl = (data.roles[r] for r in roles)
-        counts = (train.count, lab.count, unl.count)
-        # Phase 1: who uploads, and whose models each client labels with (from last round's S).
-        sel, consts = self.select(ex["sr"], counts, ex)
+    def select_and_upload(self, state: DoFedSPPState, counts: Counts, t: jax.Array) -> DoFedPlan:
+        """Phase 1 at the base station: select, upload into the cache, give each client the ids
+        and weights of the models it labels with, and the copies to broadcast."""
+        sel, consts = self.select(state.S, counts, state.clock)
         cache, cache_round = sim.upload_to_cache(
-            ex["cache"], ex["rec"], sel.chosen, ex["cache_round"], t
+            state.cache, state.R, sel.chosen, state.cache_round, t
         )
         weights, label_degenerate = sim.labeling_weights(
-            ex["sr"], sel.x, renormalize=self.cfg.label_renormalize
+            state.S, sel.x, renormalize=self.cfg.label_renormalize
         )
         ids, w, _ = sim.selected_slots(sel.x, weights, self.slots)
-        inputs = DoFedInputs(
-            id=jnp.arange(n),
-            rec=ex["rec"],
-            tar=state.client_vars,
-            ids=ids,
-            w=w,
-            train=train,
-            lab=lab,
-            unl=unl,
-        )
-        shown = self.broadcast(cache)
-        shared = RoundShared(shown, data.x, data.y, t, key)
-        # The server's round plan, handed to `finish` (in place of a cohort: everyone takes part).
-        plan = DoFedPlan(
-            cohort=jnp.arange(n),
+        return DoFedPlan(
             sel=sel,
             budget=consts,
             cache=cache,
-            shown=shown,
+            shown=self.broadcast(cache),
             cache_round=cache_round,
+            ids=ids,
+            w=w,
             label_degenerate=label_degenerate,
-            counts=counts,
-            lab=lab,
-            x=data.x,
-            y=data.y,
         )
-        return plan, inputs, shared
 
     def broadcast(self, cache: PyTree) -> PyTree:
         """The copies the BS broadcasts: the uploads, or their low-rank version (Sec. 4.5,
@@ -305,24 +300,22 @@ class DoFedSPP(TargetTaskMethod):
 
     # ------------------------------------------------------------------ Phases 2-4 (one client)
 
-    def client_update(self, inp: DoFedInputs, shared: RoundShared) -> dict:
+    def client_update(self, row: DoFedClient, shared: RoundShared) -> DoFedUpload:
         """Phases 2, 3 and the reciprocal half of 4 for one client.
 
-        inp: id [], rec and tar (one model each), ids [S] int32 and w [S] (labeling models and
+        row: id [], rec and tar (one model each), ids [B] int32 and w [B] (labeling models and
         weights), train / lab / unl (RoleTable rows [Dtr], [Dl], [Du]); shared: cache ([N]
         broadcast models), x, y (visible labels only), round t.
-        Returns tar, rec, the student's loss and steps, rec_loss, and pl_index / pl_label [Du]
-        (-1 on padding) for the host-side labeling accuracy.
         """
-        cid, x, y = inp.id, shared.x, shared.y
-        train, lab, unl = inp.train, inp.lab, inp.unl
+        cid, x, y = row.id, shared.x, shared.y
+        train, lab, unl = row.train, row.lab, row.unl
         unl_mask = jnp.arange(unl.idx.shape[0]) < unl.count
         lab_mask = jnp.arange(lab.idx.shape[0]) < lab.count
 
         # Phase 2 (Eq. 20): hard labels from the SR-weighted soft vote of the downloaded models.
-        models = gather(shared.models, inp.ids)  # [S] models
-        logits = jax.vmap(lambda v: self.model.apply(v, x[unl.idx])[0])(models)  # [S, Du, Q]
-        y_pl, _ = sim.pseudo_labels(logits[None], inp.w[None], from_logits=True)
+        models = gather(shared.models, row.ids)  # [B] models
+        logits = jax.vmap(lambda v: self.model.apply(v, x[unl.idx])[0])(models)  # [B, Du, Q]
+        y_pl, _ = sim.pseudo_labels(logits[None], row.w[None], from_logits=True)
         y_pl = y_pl[0]  # [Du]
 
         # Phase 3 (Eqs. 21-22): the student continues from T_n on D^p = D_unl + D_lab, rebuilt
@@ -333,7 +326,7 @@ class DoFedSPP(TargetTaskMethod):
         order = jnp.argsort(~mask[0], stable=True)
         idx = jnp.concatenate([unl.idx, lab.idx])[order]
         tar, _, st_tar = self.train_client(
-            inp.tar,
+            row.tar,
             RoleTable(idx, unl.count + lab.count),
             shared,
             cid,
@@ -345,19 +338,19 @@ class DoFedSPP(TargetTaskMethod):
         )
 
         # Phase 4 (line 33): one round of local reciprocal training on D_train.
-        rec, _, st_rec = self.train_client(inp.rec, train, shared, cid, REC_SAMPLE, REC_DROPOUT)
-        return {
-            "tar": tar,
-            "rec": rec,
-            "loss": st_tar["loss"],
-            "steps": st_tar["steps"],
-            "rec_loss": st_rec["loss"],
+        rec, _, st_rec = self.train_client(row.rec, train, shared, cid, REC_SAMPLE, REC_DROPOUT)
+        return DoFedUpload(
+            tar=tar,
+            rec=rec,
+            loss=st_tar["loss"],
+            steps=st_tar["steps"],
+            rec_loss=st_rec["loss"],
             # Scored against the hidden labels on the host (simulate.py), never here.
-            "pl_index": unl.idx,
-            "pl_label": jnp.where(unl_mask, y_pl, -1),
-        }
+            pl_index=unl.idx,
+            pl_label=jnp.where(unl_mask, y_pl, -1),
+        )
 
-    # ------------------------------------------------------------------ Phase 4 (SR) + bookkeeping
+    # ------------------------------------------------------------------ Phase 4 (base station)
 
     def mean_loss(
         self, variables: PyTree, x: jax.Array, y: jax.Array, table: RoleTable
@@ -410,39 +403,39 @@ class DoFedSPP(TargetTaskMethod):
             degenerate=c.sr_degenerate,
         )
 
-    def finish(
-        self, state: FLState, plan: DoFedPlan, out: dict, key: jax.Array
-    ) -> tuple[FLState, dict]:
-        """Phase 4 at the BS: the new SR matrix, R_prev <- R, the clock, the round's metrics."""
-        c, ex, n = self.cfg, state.extra, self.num_clients
+    def refresh_similarity(
+        self,
+        state: DoFedSPPState,
+        plan: DoFedPlan,
+        up: DoFedUpload,
+        counts: Counts,
+        lab: RoleTable,
+        x: jax.Array,
+        y: jax.Array,
+        key: jax.Array,
+    ) -> tuple[DoFedSPPState, dict]:
+        """Phase 4 at the BS: the new S, R_prev <- R, the clock, the round's metrics."""
+        c, n = self.cfg, self.num_clients
         t, sel = state.round + 1, plan.sel
-        # Phase 4 (line 32): SRs of the fresh cache, against R_prev, before R moves on.
-        target = state.client_vars if c.sr_target_version == "pre_update" else out["tar"]
-        sr, degenerate = self.similarity(
-            plan.cache, plan.shown, ex["rec"], ex["rec_prev"], target,
-            plan.x, plan.y, plan.lab, ex["sr"],
-        )  # fmt: skip
-        t_up, per_upload = self.uplink.upload_time(key, sel.chosen, t, ex)
+        # Line 32: SRs of the fresh cache, against R_prev, before R moves on.
+        target = state.T if c.sr_target_version == "pre_update" else up.tar
+        S, degenerate = self.similarity(
+            plan.cache, plan.shown, state.R, state.R_prev, target, x, y, lab, state.S
+        )
+        t_up, per_upload = self.uplink.upload_time(key, sel.chosen, t, state.clock)
         t_comp = wireless.dofed_compute_time(
-            *plan.counts, n, sel.b,
+            *counts, n, sel.b,
             sec_per_train_sample=self.compute.sec_per_train_sample,
             sec_per_infer_sample=self.compute.sec_per_infer_sample,
             epochs_rec=c.local_epochs, epochs_tar=c.local_epochs_tar,
         )  # fmt: skip
         uploads = jnp.sum(sel.chosen).astype(jnp.int32)
-        comm = dict(ex["comm"], uploads=ex["comm"]["uploads"] + uploads)
-        extra = dict(
-            ex,
-            rec=out["rec"],
-            rec_prev=ex["rec"],
-            cache=plan.cache,
-            cache_round=plan.cache_round,
-            sr=sr,
-            comm=comm,
-        )
-        metrics = cohort_metrics(plan.cohort, out, {"tar": out["tar"], "rec": out["rec"]})
-        metrics["client_finite"] &= jnp.isfinite(out["rec_loss"])
-        p = jnp.clip(sr, 1e-12, 1.0)
+        comm = state.comm.replace(uploads=state.comm.uploads + uploads)
+        stats = {"loss": up.loss, "steps": up.steps}
+        metrics = cohort_metrics(jnp.arange(n), stats, {"tar": up.tar, "rec": up.rec})
+        metrics["client_finite"] &= jnp.isfinite(up.rec_loss)
+        p = jnp.clip(S, 1e-12, 1.0)
+        covered = jnp.sum(jnp.where(sel.chosen, state.S, 0.0), axis=1)  # [N]
         metrics.update(
             K=sel.k,
             B=sel.b,
@@ -450,44 +443,46 @@ class DoFedSPP(TargetTaskMethod):
             budget_violated=sel.budget_violated,
             chosen=sel.chosen,
             uploads=uploads,
-            comm_uploads=comm["uploads"],
-            comm_warmup_uploads=comm["warmup_uploads"],
+            comm_uploads=comm.uploads,
+            comm_warmup_uploads=comm.warmup_uploads,
             upload_time=t_up,
             upload_times=per_upload,
             compute_time=t_comp,
-            rec_loss=jnp.mean(out["rec_loss"]),
+            rec_loss=jnp.mean(up.rec_loss),
             n_degenerate_rows=jnp.sum(degenerate).astype(jnp.int32),
             n_label_degenerate=jnp.sum(plan.label_degenerate).astype(jnp.int32),
-            sr_self=jnp.mean(jnp.diagonal(sr)),
-            sr_entropy=jnp.mean(-jnp.sum(jnp.where(sr > 0, sr * jnp.log(p), 0.0), axis=1)),
+            sr_self=jnp.mean(jnp.diagonal(S)),
+            sr_entropy=jnp.mean(-jnp.sum(jnp.where(S > 0, S * jnp.log(p), 0.0), axis=1)),
             # How much of each client's SR mass the uploaded set covered (with K = B Alg. 1
             # has no incentive for diversity).
-            sr_mass_uploaded=jnp.mean(jnp.sum(jnp.where(sel.chosen, ex["sr"], 0.0), axis=1)),
-            sr_mass_uploaded_min=jnp.min(jnp.sum(jnp.where(sel.chosen, ex["sr"], 0.0), axis=1)),
+            sr_mass_uploaded=jnp.mean(covered),
+            sr_mass_uploaded_min=jnp.min(covered),
             cache_age=jnp.mean((t - plan.cache_round).astype(jnp.float32)),
-            pl_index=out["pl_index"],
-            pl_label=out["pl_label"],
+            pl_index=up.pl_index,
+            pl_label=up.pl_label,
         )
         if self.budget_mode:
             metrics.update(zip(("budget_c1", "budget_c2", "budget_c3"), plan.budget, strict=True))
-        new_state = state.replace(
+        new = state.replace(
             round=t,
-            client_vars=out["tar"],
+            R=up.rec,
+            R_prev=state.R,
+            T=up.tar,
+            cache=plan.cache,
+            cache_round=plan.cache_round,
+            S=S,
+            comm=comm,
             sim_time=wireless.advance_clock(state.sim_time, t_comp, t_up),
-            extra=extra,
         )
-        return new_state, metrics
+        return new, metrics
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
+    def evaluate(self, state: DoFedSPPState, fed: FederatedData, mapper: Clients) -> dict:
         """Classification accuracy (Sec. 6.1): each target model T_n on its own test split, and
         T_n on its D_unl as a secondary metric (the paper defines no test set; docs/choices.md:
         DoFed-SPP, the test data)."""
-        return evaluate_clients(self.evaluator, state, fed, mapper, per_client=True)
-
-
-# ----------------------------------------------------------------------------- config
+        return evaluate_clients(self.evaluator, state.T, fed, mapper, per_client=True)
 
 
 @register("dofed_spp", DoFedSPPConfig)

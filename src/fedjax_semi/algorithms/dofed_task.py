@@ -1,6 +1,7 @@
 """What DoFed-SPP and its baselines share on DoFed-SPP's tasks (Ching et al., IEEE TSC 2023):
 which role tables play D_train, D_lab and D_unl, the classification evaluation of Sec. 6.1;
-and DoFed-SPP's own client rows, config and low-rank model copy."""
+and DoFed-SPP's own rows (clients, uploads, the base station's plan), config and low-rank
+model copy."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedjax_semi.algorithms.base import FLState, Mapper, Method, client_accuracy, sanity
+from fedjax_semi.algorithms.base import Mapper, Method, client_accuracy, sanity
 from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable
 from fedjax_semi.engine.train import evaluate_row
 from fedjax_semi.errors import bad, check_choice
+from fedjax_semi.kernels import similarity as sim
 from fedjax_semi.models.zoo import Model
 
 PyTree = Any
@@ -60,20 +62,21 @@ def client_evaluator(model: Model, *, per_client: bool):
 
 
 def evaluate_clients(
-    evaluator, state: FLState, fed: FederatedData, mapper: Mapper, *, per_client: bool
+    evaluator, models: PyTree, fed: FederatedData, mapper: Mapper, *, per_client: bool
 ) -> dict:
-    """Classification accuracy (Sec. 6.1): each client's model (per_client: its own `client_vars`
-    row; else the global model) on its own held-out test split (the paper defines none;
-    docs/choices.md: DoFed-SPP, the test data), and on its D_unl (a secondary metric; for a baseline
-    also its labeling accuracy, Sec. 6.2). evaluator comes from `client_evaluator`."""
+    """Classification accuracy (Sec. 6.1): each client's model (per_client: its own row of
+    `models`, leaves [N, ...]; else `models` is the one global model) on its own held-out test
+    split (the paper defines none; docs/choices.md: DoFed-SPP, the test data), and on its D_unl
+    (a secondary metric; for a baseline also its labeling accuracy, Sec. 6.2). evaluator comes
+    from `client_evaluator`."""
     out, checks = {}, {}
     unl = data_roles(fed.roles).unl
     for key, role in (("client", "test"), ("unl", unl)):
         if per_client:
-            xs = {"table": fed.roles[role], "vars": state.client_vars}
+            xs = {"table": fed.roles[role], "vars": models}
             r = mapper(evaluator, xs, fed.x, fed.eval_y)
         else:
-            r = mapper(evaluator, {"table": fed.roles[role]}, state.global_vars, fed.x, fed.eval_y)
+            r = mapper(evaluator, {"table": fed.roles[role]}, models, fed.x, fed.eval_y)
         out[f"{key}_acc"], out[f"{key}_mean"] = client_accuracy(r)
         out[f"{key}_loss"] = jnp.sum(r["loss"]) / jnp.maximum(jnp.sum(r["count"]), 1)
         checks = checks or sanity(r)  # the test split's: the models behind `accuracy`
@@ -101,9 +104,8 @@ class TargetTaskMethod(Method):
 
 
 @struct.dataclass
-class DoFedWarmupInputs:
-    """warmup -> warmup_client, one row per client [N, ...]: its id, reciprocal model and
-    training table."""
+class DoFedWarmupClient:
+    """Phase 0's rows, one per client [N, ...]: its id, reciprocal model R_n and D_train."""
 
     id: jax.Array
     rec: PyTree
@@ -111,10 +113,10 @@ class DoFedWarmupInputs:
 
 
 @struct.dataclass
-class DoFedInputs:
-    """prepare -> client_update, one row per client [N, ...] (everyone trains every round): its
-    reciprocal model, target (student) model, the ids [B] and weights [B] of the models that
-    label its data, and its D_train, D_lab and D_unl tables."""
+class DoFedClient:
+    """A round's rows, one per client [N, ...] (everyone trains every round): its reciprocal
+    model R_n, target (student) model T_n, the ids [B] and weights [B] of the models that label
+    its data (B slots; N in budget mode), and its D_train, D_lab and D_unl tables."""
 
     id: jax.Array
     rec: PyTree
@@ -124,6 +126,54 @@ class DoFedInputs:
     train: RoleTable
     lab: RoleTable
     unl: RoleTable
+
+
+@struct.dataclass
+class DoFedUpload:
+    """What one client's Phases 2-4 return, stacked [N, ...] by the mapping.
+
+    tar, rec: the new T_n and R_n; loss, steps: the student's mean loss (float32 []) and steps
+    (int32 []); rec_loss: float32 [] the reciprocal model's; pl_index / pl_label: int32 [Du] its
+    D_unl rows and their pseudo-labels (-1 on padding), scored on the host.
+    """
+
+    tar: PyTree
+    rec: PyTree
+    loss: jax.Array
+    steps: jax.Array
+    rec_loss: jax.Array
+    pl_index: jax.Array
+    pl_label: jax.Array
+
+
+@struct.dataclass
+class DoFedComm:
+    """Models uploaded to the base station: uploads int32 [] in rounds 1..t (Phase 1),
+    warmup_uploads int32 [] in Phase 0 (N)."""
+
+    uploads: jax.Array
+    warmup_uploads: jax.Array
+
+
+@struct.dataclass
+class DoFedPlan:
+    """Phase 1 at the base station -> the clients and Phase 4.
+
+    sel: the uploader selection; budget: Eq. 26's (C1, C2, C3) in budget mode, else ();
+    cache / shown: the cache after this round's uploads [N] and the copies the clients are
+    shown (low-rank with PCA); cache_round: int32 [N]; ids int32 [N, B] / w [N, B]: the models
+    each client labels with and their Eq. 20 weights (B slots; N in budget mode);
+    label_degenerate: bool [N] rows whose labeling weights fell back to uniform.
+    """
+
+    sel: sim.Selection
+    budget: tuple
+    cache: PyTree
+    shown: PyTree
+    cache_round: jax.Array
+    ids: jax.Array
+    w: jax.Array
+    label_degenerate: jax.Array
 
 
 # ----------------------------------------------------------------------------- config

@@ -2,10 +2,10 @@
 baseline of DoFed-SPP (its Sec. 6.1; our details: docs/choices.md: DoFed-SPP, the baselines'
 details).
 
-    for t = 1..rounds:
-      S = clients_per_round clients, uniformly                                 (prepare)
+    for t = 1..rounds:                                                         (round)
+      S = clients_per_round clients, uniformly
       for k in S in parallel: theta_k = local SGD from w on D_train + D_lab   (client_update)
-      mu, sigma^2 = weighted mean and variance of the theta_k (|D_k| weights)  (finish)
+      mu, sigma^2 = weighted mean and variance of the theta_k (|D_k| weights)  (server_update)
       theta_s = mu + var_scale * sigma * z_s, z_s ~ N(0, I), s = 1..S_m
       E = {mu} + {theta_s} + {theta_k}                                         (the ensemble)
       p(x) = mean_{e in E} softmax(f(theta_e, x)) on the server pool           (pseudo-labels)
@@ -34,20 +34,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from fedjax_semi.algorithms import dofed_baselines as common
-from fedjax_semi.algorithms.base import (
-    ClientTable,
-    FLState,
-    Mapper,
-    RoundShared,
-    cohort_metrics,
-    register,
-)
+from fedjax_semi.algorithms.base import ClientTable, RoundShared, cohort_metrics, register
 from fedjax_semi.algorithms.dofed_task import TargetTaskMethod, data_roles
 from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine import aggregate
+from fedjax_semi.engine.clients import Clients
 from fedjax_semi.engine.keys import (
     DISTILL_DROPOUT,
     DISTILL_SAMPLE,
@@ -70,6 +65,7 @@ from fedjax_semi.engine.train import (
 from fedjax_semi.errors import ConfigError, bad
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
+from fedjax_semi.systems.uplink import UplinkState
 
 PyTree = Any
 
@@ -266,6 +262,37 @@ def pool_logits(model: Model, variables: PyTree, x: jax.Array, idx: jax.Array, b
 # ----------------------------------------------------------------------------- the method
 
 
+@struct.dataclass
+class FedBEState:
+    """What FedBE carries from round to round.
+
+    round: int32 [] rounds done; sim_time: float32 [] the simulated clock.
+    w: the global model's variables.
+    pool: int32 [P] the server pool's rows of the data (drawn once at init; labels never read).
+    pool_probs: float32 [P, Q] the last ensemble's mean probabilities p on the pool.
+    comm: the models moved; clock: the uplink's fixed rates (shannon mode).
+    """
+
+    round: jax.Array
+    w: PyTree
+    pool: jax.Array
+    pool_probs: jax.Array
+    comm: common.Traffic
+    clock: UplinkState
+    sim_time: jax.Array
+
+
+@struct.dataclass
+class FedBEUpload:
+    """What one participant returns, stacked [S, ...] by the mapping: its model theta_k, its
+    weight |D_k| (float32 []), local training's mean loss and steps."""
+
+    theta: PyTree
+    weight: jax.Array
+    loss: jax.Array
+    steps: jax.Array
+
+
 @dataclasses.dataclass
 class FedBE(TargetTaskMethod):
     cfg: FedBEConfig
@@ -282,51 +309,51 @@ class FedBE(TargetTaskMethod):
         self.server_model = self.model.with_conv("xla")
         self.evaluator = common.client_evaluator(self.model, per_client=False)
 
-    # ------------------------------------------------------------------ state
-
-    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
+    def init(self, key: jax.Array, fed: FederatedData) -> FedBEState:
         """One global model, the server pool [P] and its last pseudo-labels [P, Q]."""
         common.check_roles(self.name, fed)
         c = self.cfg
         pool = server_pool(fed, c.fedbe_pool, c.fedbe_pool_size, self.data_seed)
-        extra = {
-            "pool": jnp.asarray(pool),
-            "pool_probs": jnp.zeros((len(pool), fed.num_classes), jnp.float32),
-            "comm": {"uploads": jnp.int32(0), "downloads": jnp.int32(0)},
-            **self.uplink.init_state(key, self.num_clients),
-        }
-        return FLState(
+        return FedBEState(
             round=jnp.zeros((), jnp.int32),
-            global_vars=self.model.init(client_key(key, INIT, 0, 0)),
-            client_vars={},
-            client_opt={},
+            w=self.model.init(client_key(key, INIT, 0, 0)),
+            pool=jnp.asarray(pool),
+            pool_probs=jnp.zeros((len(pool), fed.num_classes), jnp.float32),
+            comm=common.Traffic.zero(),
+            clock=self.uplink.init_state(key, self.num_clients),
             sim_time=jnp.zeros((), jnp.float32),
-            extra=extra,
         )
 
-    # ------------------------------------------------------------------ clients
-
-    def prepare(
-        self, state: FLState, data: TrainView, key: jax.Array
-    ) -> tuple[common.TargetPlan, ClientTable, RoundShared]:
+    def round(
+        self,
+        state: FedBEState,
+        data: TrainView,
+        key: jax.Array,
+        clients: Clients,
+        flags: tuple = (),
+    ) -> tuple[FedBEState, dict]:
+        """One round: sample S, broadcast w, map the participants' local training, then the
+        Gaussian, the ensemble, its pseudo-labels and the distillation at the server."""
         cohort = self.sample_cohort(key, state.round)
         train = common.training_table(data.roles, self.cfg.baseline_train_data)
-        inputs = ClientTable(cohort, train.take(cohort))
-        shared = RoundShared(state.global_vars, data.x, data.y, state.round + 1, key)
+        rows = ClientTable(cohort, train.take(cohort))
+        shared = RoundShared(state.w, data.x, data.y, state.round + 1, key)
+        up = clients.map(self.client_update, rows, shared)
         unl = data.roles[data_roles(data.roles).unl]
-        return common.TargetPlan(cohort, train.count[cohort], unl, data.x), inputs, shared
+        target = common.TargetPlan(cohort, train.count[cohort], unl, data.x)
+        return clients.server(self.server_update)(state, target, up, key)
 
-    def client_update(self, inp: ClientTable, shared: RoundShared) -> dict:
-        """Local SGD from the global model on D_train + D_lab (inp: id [], table row)."""
-        cid = inp.id
-        w = shared.models
-        new, _, stats = self.train_client(w, inp.table, shared, cid, SAMPLE, DROPOUT)
-        return {
-            "vars": new,
-            "weight": inp.table.count.astype(jnp.float32),
-            "loss": stats["loss"],
-            "steps": stats["steps"],
-        }
+    def client_update(self, row: ClientTable, shared: RoundShared) -> FedBEUpload:
+        """Local SGD from the global model on D_train + D_lab (row: id [], table row)."""
+        theta, _, stats = self.train_client(
+            shared.models, row.table, shared, row.id, SAMPLE, DROPOUT
+        )
+        return FedBEUpload(
+            theta=theta,
+            weight=row.table.count.astype(jnp.float32),
+            loss=stats["loss"],
+            steps=stats["steps"],
+        )
 
     # ------------------------------------------------------------------ server
 
@@ -387,78 +414,81 @@ class FedBE(TargetTaskMethod):
         params = averaged if c.fedbe_swa else last["params"]
         return {**last, "params": params}, losses
 
-    def finish(
-        self, state: FLState, plan: common.TargetPlan, out: dict, key: jax.Array
-    ) -> tuple[FLState, dict]:
-        c, ex, n = self.cfg, state.extra, self.num_clients
-        t, cohort, x = state.round + 1, plan.cohort, plan.x
-        weights = out["weight"]
+    def server_update(
+        self, state: FedBEState, target: common.TargetPlan, up: FedBEUpload, key: jax.Array
+    ) -> tuple[FedBEState, dict]:
+        """The Gaussian over the uploads, the ensemble's pool probabilities, the distilled
+        global model, the clock and every client's labels."""
+        c, n = self.cfg, self.num_clients
+        t, cohort, x = state.round + 1, target.cohort, target.x
+        weights = up.weight
         any_data = jnp.sum(weights) > 0
         # The Gaussian over client weights; mu is FedAvg's mean (all leaves).
-        mu = aggregate.weighted_mean(out["vars"], weights)
-        mu = jax.tree.map(lambda m, g: jnp.where(any_data, m, g), mu, state.global_vars)
-        _, var = gaussian_fit(out["vars"]["params"], weights)
-        members = self.ensemble(mu, var, out["vars"], t, key)
-        pool = ex["pool"]
+        mu = aggregate.weighted_mean(up.theta, weights)
+        mu = jax.tree.map(lambda m, g: jnp.where(any_data, m, g), mu, state.w)
+        _, var = gaussian_fit(up.theta["params"], weights)
+        members = self.ensemble(mu, var, up.theta, t, key)
+        pool = state.pool
         probs = ensemble_average(
             lambda v: pool_logits(self.server_model, v, x, pool, self.eval_batch), members
         )  # [P, Q]
-        new_global, distill_losses = self.distill(
+        w, distill_losses = self.distill(
             mu, distill_targets(probs, c.fedbe_target), pool, x, t, key
         )
-        new_global = jax.tree.map(
-            lambda a, g: jnp.where(any_data, a, g), new_global, state.global_vars
-        )
+        w = jax.tree.map(lambda a, g: jnp.where(any_data, a, g), w, state.w)
 
         chosen = jnp.zeros((n,), bool).at[cohort].set(True)
-        t_up, per_upload = self.uplink.upload_time(key, chosen, t, ex)
-        t_comp = self.compute.slowest(plan.n_train, c.local_epochs)
+        t_up, per_upload = self.uplink.upload_time(key, chosen, t, state.clock)
+        t_comp = self.compute.slowest(target.n_train, c.local_epochs)
         moved = jnp.int32(cohort.shape[0])
-        comm = {k: v + moved for k, v in ex["comm"].items()}
+        comm = common.Traffic(
+            uploads=state.comm.uploads + moved, downloads=state.comm.downloads + moved
+        )
         # Labeling (DoFed-SPP Sec. 6.2): every client labels its D_unl with the global model.
-        pl = common.predict_labels(self.server_model, new_global, x, plan.unl, per_client=False)
+        pl = common.predict_labels(self.server_model, w, x, target.unl, per_client=False)
         sigma = jnp.concatenate([jnp.sqrt(v).ravel() for v in jax.tree.leaves(var)])
-        metrics = cohort_metrics(cohort, out, out["vars"])
+        metrics = cohort_metrics(cohort, {"loss": up.loss, "steps": up.steps}, up.theta)
         metrics.update(
             ensemble_size=jnp.int32(jax.tree.leaves(members)[0].shape[0]),
             sigma_mean=jnp.mean(sigma),
             distill_loss=distill_losses[-1],
             pool_entropy=jnp.mean(-jnp.sum(probs * jnp.log(jnp.clip(probs, 1e-12)), axis=-1)),
             uploads=moved,
-            comm_uploads=comm["uploads"],
-            comm_downloads=comm["downloads"],
+            comm_uploads=comm.uploads,
+            comm_downloads=comm.downloads,
             upload_time=t_up,
             upload_times=per_upload,
             compute_time=t_comp,
-            pl_index=plan.unl.idx,
+            pl_index=target.unl.idx,
             pl_label=pl,
         )
-        new_state = state.replace(
+        new = state.replace(
             round=t,
-            global_vars=new_global,
+            w=w,
+            pool_probs=probs,
+            comm=comm,
             sim_time=wireless.advance_clock(state.sim_time, t_comp, t_up),
-            extra=dict(ex, pool_probs=probs, comm=comm),
         )
-        return new_state, metrics
+        return new, metrics
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
+    def evaluate(self, state: FedBEState, fed: FederatedData, mapper: Clients) -> dict:
         """The global model on every client's target test split and D_unl (DoFed-SPP Sec. 6.1; the
         paper defines no test set: docs/choices.md: DoFed-SPP, the test data), on the server test
         set, and the accuracy of the last ensemble pseudo-labels of the pool."""
-        out = common.evaluate_clients(self.evaluator, state, fed, mapper, per_client=False)
+        out = common.evaluate_clients(self.evaluator, state.w, fed, mapper, per_client=False)
         g = evaluate_indices(
             self.server_model,
-            state.global_vars,
+            state.w,
             fed.x,
             fed.eval_y,
             fed.server["test_global"],
             self.eval_batch,
         )
-        truth = fed.eval_y[state.extra["pool"]]
+        truth = fed.eval_y[state.pool]
         known = truth >= 0  # a cross-dataset pool has no labels at all
-        hits = (jnp.argmax(state.extra["pool_probs"], -1) == truth) & known
+        hits = (jnp.argmax(state.pool_probs, -1) == truth) & known
         out.update(
             global_acc=g["accuracy"],
             global_loss=g["loss"],

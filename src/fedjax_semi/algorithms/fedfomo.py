@@ -4,18 +4,18 @@ details).
 
 Every client keeps one personalized model theta_n; the server stores each client's latest
 upload and an affinity matrix P [N, N]. Because a client uploads the model it keeps, the store
-is `client_vars` itself plus a mask of who has uploaded.
+is theta itself plus a mask of who has uploaded.
 
-    for t = 1..rounds:
-      S = clients_per_round clients, uniformly                                 (prepare)
-      eps_t = max(eps - (t - 1) * decay, 0)
+    for t = 1..rounds:                                                          (round)
+      S = clients_per_round clients, uniformly
+      eps_t = max(eps - (t - 1) * decay, 0)                                     (choose_downloads)
       ids[n] = M peers: top-M of P[n] or, with probability eps_t, M at random
       for n in S in parallel:                                                   (client_update)
         l_m = l_n(theta_m) on D_lab for the downloaded m; l_0 = l_n(theta_n)
         w_m = max(l_0 - l_m, 0) / ||theta_m - theta_n||, normalized            (Eq. 19 kernel,
         theta_n <- theta_n + sum_m w_m (theta_m - theta_n)  (all w = 0: keep)   G1 = G2 = 0,
         theta_n <- local SGD on D_train + D_lab                                 gamma = 1)
-      upload theta_n, n in S; P[n, ids[n]] += raw w; clock += compute + uploads  (finish)
+      upload theta_n, n in S; P[n, ids[n]] += raw w; clock += compute + uploads  (server_update)
 
 The weights, the affinity update and the epsilon-greedy downloads are the kernels of
 `kernels.fedfomo_weights` (the weights are `kernels.similarity`'s Eq. 19 kernel). Validation data is
@@ -37,27 +37,20 @@ from flax import struct
 from jax.flatten_util import ravel_pytree
 
 from fedjax_semi.algorithms import dofed_baselines as common
-from fedjax_semi.algorithms.base import (
-    FLState,
-    Mapper,
-    RoundShared,
-    cohort_metrics,
-    register,
-)
+from fedjax_semi.algorithms.base import RoundShared, cohort_metrics, register
 from fedjax_semi.algorithms.dofed_task import TargetTaskMethod, data_roles
 from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
-from fedjax_semi.engine.clients import broadcast, gather, scatter
+from fedjax_semi.engine.clients import Clients, broadcast, gather, scatter
 from fedjax_semi.engine.keys import DOWNLOAD, INIT, client_key, round_key
 from fedjax_semi.engine.keys import FEDFOMO_DROPOUT as DROPOUT
 from fedjax_semi.engine.keys import FEDFOMO_SAMPLE as SAMPLE
-from fedjax_semi.engine.train import (
-    evaluate_row,
-)
+from fedjax_semi.engine.train import evaluate_row
 from fedjax_semi.errors import bad
 from fedjax_semi.kernels import fedfomo_weights as fw
 from fedjax_semi.kernels import similarity as sim
 from fedjax_semi.systems import wireless
+from fedjax_semi.systems.uplink import UplinkState
 
 PyTree = Any
 
@@ -115,10 +108,45 @@ def epsilon_at(t: jax.Array, epsilon: float, decay: float) -> jax.Array:
 
 
 @struct.dataclass
-class FomoInputs:
-    """prepare -> client_update, one row per cohort client [S, ...]: its id and model, the ids
-    [M] of the models it downloads and which of them are stored [M], its training table and
-    its labeled target table D_lab."""
+class FedFomoState:
+    """What FedFomo carries from round to round.
+
+    round: int32 [] rounds done; sim_time: float32 [] the simulated clock.
+    theta: every client's personalized model theta_n, [N]-stacked variables; a client uploads
+        the model it keeps, so theta is also the server's store of uploads.
+    uploaded: bool [N] who has uploaded (only stored models can be downloaded).
+    P: float32 [N, N] the affinity matrix (row n: how much n gained from each peer).
+    comm: the models moved; clock: the uplink's fixed rates (shannon mode).
+    The optimizer state restarts every round.
+    """
+
+    round: jax.Array
+    theta: PyTree
+    uploaded: jax.Array
+    P: jax.Array
+    comm: common.Traffic
+    clock: UplinkState
+    sim_time: jax.Array
+
+
+@struct.dataclass
+class FomoDownloads:
+    """The server's choice of downloads for a round's participants.
+
+    ids: int32 [S, M] the models each participant downloads; valid: bool [S, M] stored ones;
+    epsilon: float32 [] this round's exploration rate.
+    """
+
+    ids: jax.Array
+    valid: jax.Array
+    epsilon: jax.Array
+
+
+@struct.dataclass
+class FomoClient:
+    """One row per cohort client [S, ...]: its id and model theta_n, the ids [M] of the models
+    it downloads and which of them are stored [M], its training table and its labeled target
+    table D_lab."""
 
     id: jax.Array
     own: PyTree
@@ -129,18 +157,21 @@ class FomoInputs:
 
 
 @struct.dataclass
-class FomoPlan:
-    """prepare -> finish: the clock's and labels' inputs, and each participant's downloads.
+class FomoUpload:
+    """What one participant returns, stacked [S, ...] by the mapping.
 
-    ids: int32 [S, M] the models each participant downloads; valid: bool [S, M] stored ones;
-    epsilon: float32 [] this round's exploration rate; n_lab: int32 [S] labeled rows scored.
+    theta: its new model (its upload); raw [M]: the unclipped weights (for the affinity);
+    w [M]: the clipped, normalized ones; degenerate: bool [] every weight was 0; val_loss:
+    l_n(theta_n) on D_lab before the update; loss, steps: local training's mean loss and steps.
     """
 
-    target: common.TargetPlan
-    ids: jax.Array
-    valid: jax.Array
-    epsilon: jax.Array
-    n_lab: jax.Array
+    theta: PyTree
+    raw: jax.Array
+    w: jax.Array
+    degenerate: jax.Array
+    val_loss: jax.Array
+    loss: jax.Array
+    steps: jax.Array
 
 
 @dataclasses.dataclass
@@ -153,62 +184,54 @@ class FedFomo(TargetTaskMethod):
         super().__post_init__()
         self.evaluator = common.client_evaluator(self.model, per_client=True)
 
-    # ------------------------------------------------------------------ state
-
-    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
+    def init(self, key: jax.Array, fed: FederatedData) -> FedFomoState:
         """theta_n = one shared init; nobody has uploaded; P = 0."""
         common.check_roles(self.name, fed)
         n = self.num_clients
         theta0 = self.model.init(client_key(key, INIT, 0, 0))
-        extra = {
-            "uploaded": jnp.zeros((n,), bool),
-            "affinity": jnp.zeros((n, n), jnp.float32),
-            "comm": {"uploads": jnp.int32(0), "downloads": jnp.int32(0)},
-            **self.uplink.init_state(key, n),
-        }
-        return FLState(
+        return FedFomoState(
             round=jnp.zeros((), jnp.int32),
-            global_vars={},  # no server model: the server only stores and relays uploads
-            client_vars=broadcast(theta0, n),  # the personalized models = the store
-            client_opt={},  # optimizer state restarts every round
+            theta=broadcast(theta0, n),
+            uploaded=jnp.zeros((n,), bool),
+            P=jnp.zeros((n, n), jnp.float32),
+            comm=common.Traffic.zero(),
+            clock=self.uplink.init_state(key, n),
             sim_time=jnp.zeros((), jnp.float32),
-            extra=extra,
         )
 
-    # ------------------------------------------------------------------ server: who, what
-
-    def prepare(
-        self, state: FLState, data: TrainView, key: jax.Array
-    ) -> tuple[FomoPlan, dict, dict]:
-        """Sample the participants, pick each one's M downloads by the affinity rule."""
-        c, ex, t = self.cfg, state.extra, state.round + 1
+    def round(
+        self,
+        state: FedFomoState,
+        data: TrainView,
+        key: jax.Array,
+        clients: Clients,
+        flags: tuple = (),
+    ) -> tuple[FedFomoState, dict]:
+        """One round: sample S, choose each participant's M downloads, map the participants
+        (weights, update, local training), then store the uploads and update P and the clock."""
+        t = state.round + 1
         cohort = self.sample_cohort(key, state.round)
+        dl = clients.server(self.choose_downloads)(state, cohort, t, key)
+        roles = data_roles(data.roles)
+        train = common.training_table(data.roles, self.cfg.baseline_train_data)
+        lab = data.roles[roles.lab]
+        own = gather(state.theta, cohort)
+        rows = FomoClient(cohort, own, dl.ids, dl.valid, train.take(cohort), lab.take(cohort))
+        shared = RoundShared(state.theta, data.x, data.y, t, key)  # the store to download from
+        up = clients.map(self.client_update, rows, shared)
+        target = common.TargetPlan(cohort, train.count[cohort], data.roles[roles.unl], data.x)
+        return clients.server(self.server_update)(state, target, dl, lab.count[cohort], up, key)
+
+    def choose_downloads(
+        self, state: FedFomoState, cohort: jax.Array, t: jax.Array, key: jax.Array
+    ) -> FomoDownloads:
+        """Each participant's M downloads by the epsilon_t-greedy affinity rule."""
+        c = self.cfg
         eps = epsilon_at(t, c.fedfomo_epsilon, c.fedfomo_epsilon_decay)
         # Drawn for all N (the kernel masks row n's own id), then the participants' rows.
-        ids = fw.fedfomo_choose_downloads(
-            round_key(key, DOWNLOAD, t), ex["affinity"], c.fedfomo_m, eps
-        )[cohort]  # [S, M]
-        valid = ex["uploaded"][ids]  # only stored (uploaded) models can be downloaded
-        roles = data_roles(data.roles)
-        train = common.training_table(data.roles, c.baseline_train_data)
-        lab = data.roles[roles.lab]
-        inputs = FomoInputs(
-            id=cohort,
-            own=gather(state.client_vars, cohort),
-            ids=ids,
-            valid=valid,
-            train=train.take(cohort),
-            lab=lab.take(cohort),
-        )
-        shared = RoundShared(state.client_vars, data.x, data.y, t, key)
-        plan = FomoPlan(
-            target=common.TargetPlan(cohort, train.count[cohort], data.roles[roles.unl], data.x),
-            ids=ids,
-            valid=valid,
-            epsilon=eps,
-            n_lab=lab.count[cohort],
-        )
-        return plan, inputs, shared
+        ids = fw.fedfomo_choose_downloads(round_key(key, DOWNLOAD, t), state.P, c.fedfomo_m, eps)
+        ids = ids[cohort]  # [S, M]
+        return FomoDownloads(ids=ids, valid=state.uploaded[ids], epsilon=eps)
 
     # ------------------------------------------------------------------ one participant
 
@@ -217,105 +240,108 @@ class FedFomo(TargetTaskMethod):
         r = evaluate_row(self.model, variables, x, y, table)
         return r["loss"] / jnp.maximum(r["count"], 1)
 
-    def client_update(self, inp: FomoInputs, shared: RoundShared) -> dict:
+    def client_update(self, row: FomoClient, shared: RoundShared) -> FomoUpload:
         """First-order weights on D_lab, the personalized update, local training.
 
-        inp: id [], own (one model), ids [M] int32, valid [M] bool, train [Dtr + Dl] and
+        row: id [], own (one model), ids [M] int32, valid [M] bool, train [Dtr + Dl] and
         lab [Dl] (RoleTable rows); shared: store ([N] models), x, y (visible labels), round t.
-        Returns the new model, the raw weights [M] (for the affinity), the normalized ones [M],
-        whether every weight was 0, the losses and steps.
         """
-        cid, x, y = inp.id, shared.x, shared.y
-        own = inp.own
-        models = gather(shared.models, inp.ids)  # [M] downloaded models
+        x, y, own = shared.x, shared.y, row.own
+        models = gather(shared.models, row.ids)  # [M] downloaded models
 
-        loss_own = self.mean_loss(own, x, y, inp.lab)  # l_n(theta_n^prev)
-        loss_m = jax.vmap(lambda v: self.mean_loss(v, x, y, inp.lab))(models)  # [M]
+        loss_own = self.mean_loss(own, x, y, row.lab)  # l_n(theta_n^prev)
+        loss_m = jax.vmap(lambda v: self.mean_loss(v, x, y, row.lab))(models)  # [M]
         flat_own = ravel_pytree(own["params"])[0].astype(jnp.float32)
         dist = sim.pairwise_distances(sim.flatten_clients(models["params"]), flat_own[None])
         args = (loss_m[None], loss_own[None], dist)  # one consumer row: [1, M], [1], [1, M]
-        w, degenerate = fw.fedfomo_weights(*args, inp.valid[None], eps=self.cfg.sr_eps)
+        w, degenerate = fw.fedfomo_weights(*args, row.valid[None], eps=self.cfg.sr_eps)
         raw = fw.fedfomo_raw_weights(*args, eps=self.cfg.sr_eps)
 
         mixed = fomo_update(own, models, w[0])
-        new, _, stats = self.train_client(mixed, inp.train, shared, cid, SAMPLE, DROPOUT)
-        return {
-            "vars": new,
-            "raw": raw[0],
-            "w": w[0],
-            "degenerate": degenerate[0],
-            "val_loss": loss_own,
-            "loss": stats["loss"],
-            "steps": stats["steps"],
-        }
+        new, _, stats = self.train_client(mixed, row.train, shared, row.id, SAMPLE, DROPOUT)
+        return FomoUpload(
+            theta=new,
+            raw=raw[0],
+            w=w[0],
+            degenerate=degenerate[0],
+            val_loss=loss_own,
+            loss=stats["loss"],
+            steps=stats["steps"],
+        )
 
     # ------------------------------------------------------------------ server: store, P, clock
 
-    def finish(
-        self, state: FLState, plan: FomoPlan, out: dict, key: jax.Array
-    ) -> tuple[FLState, dict]:
-        c, ex, n = self.cfg, state.extra, self.num_clients
-        t, cohort = state.round + 1, plan.target.cohort
-        client_vars = scatter(state.client_vars, cohort, out["vars"])  # upload = keep
-        uploaded = ex["uploaded"].at[cohort].set(True)
+    def server_update(
+        self,
+        state: FedFomoState,
+        target: common.TargetPlan,
+        dl: FomoDownloads,
+        n_lab: jax.Array,
+        up: FomoUpload,
+        key: jax.Array,
+    ) -> tuple[FedFomoState, dict]:
+        """Store the uploads, P[n, ids[n]] += w, the clock and the labels; n_lab: int32 [S]
+        the labeled rows each participant scored."""
+        c, n = self.cfg, self.num_clients
+        t, cohort = state.round + 1, target.cohort
+        theta = scatter(state.theta, cohort, up.theta)  # upload = keep
+        uploaded = state.uploaded.at[cohort].set(True)
         # P[n, ids[n]] += w over the participants' rows (others add nothing).
-        w = out["raw"] if c.fedfomo_affinity == "raw" else out["w"]
+        w = up.raw if c.fedfomo_affinity == "raw" else up.w
         m = c.fedfomo_m
         rows_w = jnp.zeros((n, m), jnp.float32).at[cohort].set(w)
-        rows_ids = jnp.zeros((n, m), jnp.int32).at[cohort].set(plan.ids)
-        rows_valid = jnp.zeros((n, m), bool).at[cohort].set(plan.valid)
-        affinity = fw.fedfomo_affinity_update(ex["affinity"], rows_w, rows_ids, rows_valid)
+        rows_ids = jnp.zeros((n, m), jnp.int32).at[cohort].set(dl.ids)
+        rows_valid = jnp.zeros((n, m), bool).at[cohort].set(dl.valid)
+        P = fw.fedfomo_affinity_update(state.P, rows_w, rows_ids, rows_valid)
 
         chosen = jnp.zeros((n,), bool).at[cohort].set(True)
-        t_up, per_upload = self.uplink.upload_time(key, chosen, t, ex)
+        t_up, per_upload = self.uplink.upload_time(key, chosen, t, state.clock)
         # Each participant scores its own model and M downloads on D_lab, then trains.
-        t_comp = self.compute.slowest(plan.target.n_train, c.local_epochs, (m + 1) * plan.n_lab)
-        downloads = jnp.sum(plan.valid).astype(jnp.int32)
+        t_comp = self.compute.slowest(target.n_train, c.local_epochs, (m + 1) * n_lab)
+        downloads = jnp.sum(dl.valid).astype(jnp.int32)
         uploads = jnp.int32(cohort.shape[0])
-        comm = {
-            "uploads": ex["comm"]["uploads"] + uploads,
-            "downloads": ex["comm"]["downloads"] + downloads,
-        }
-        # Labeling (DoFed-SPP Sec. 6.2): every client's personalized model predicts its D_unl.
-        pl = common.predict_labels(
-            self.model, client_vars, plan.target.x, plan.target.unl, per_client=True
+        comm = common.Traffic(
+            uploads=state.comm.uploads + uploads, downloads=state.comm.downloads + downloads
         )
-        metrics = cohort_metrics(cohort, out, out["vars"])
+        # Labeling (DoFed-SPP Sec. 6.2): every client's personalized model predicts its D_unl.
+        pl = common.predict_labels(self.model, theta, target.x, target.unl, per_client=True)
+        metrics = cohort_metrics(cohort, {"loss": up.loss, "steps": up.steps}, up.theta)
         metrics.update(
-            epsilon=plan.epsilon,
+            epsilon=dl.epsilon,
             downloads=downloads,
             uploads=uploads,
-            comm_uploads=comm["uploads"],
-            comm_downloads=comm["downloads"],
-            n_degenerate_rows=jnp.sum(out["degenerate"]).astype(jnp.int32),
-            weight_max=jnp.mean(jnp.max(out["w"], axis=1)),
+            comm_uploads=comm.uploads,
+            comm_downloads=comm.downloads,
+            n_degenerate_rows=jnp.sum(up.degenerate).astype(jnp.int32),
+            weight_max=jnp.mean(jnp.max(up.w, axis=1)),
             # The participants' rows [S, M]: whom they downloaded, and the weights.
-            download_ids=plan.ids,
-            download_valid=plan.valid,
-            fomo_weights=out["w"],
-            fomo_raw_weights=out["raw"],
-            val_loss=jnp.mean(out["val_loss"]),
+            download_ids=dl.ids,
+            download_valid=dl.valid,
+            fomo_weights=up.w,
+            fomo_raw_weights=up.raw,
+            val_loss=jnp.mean(up.val_loss),
             upload_time=t_up,
             upload_times=per_upload,
             compute_time=t_comp,
-            pl_index=plan.target.unl.idx,
+            pl_index=target.unl.idx,
             pl_label=pl,
         )
-        extra = dict(ex, uploaded=uploaded, affinity=affinity, comm=comm)
-        new_state = state.replace(
+        new = state.replace(
             round=t,
-            client_vars=client_vars,
+            theta=theta,
+            uploaded=uploaded,
+            P=P,
+            comm=comm,
             sim_time=wireless.advance_clock(state.sim_time, t_comp, t_up),
-            extra=extra,
         )
-        return new_state, metrics
+        return new, metrics
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
+    def evaluate(self, state: FedFomoState, fed: FederatedData, mapper: Clients) -> dict:
         """Each personalized model on its client's target test split and D_unl (DoFed-SPP
         Sec. 6.1; docs/choices.md: DoFed-SPP, the test data)."""
-        return common.evaluate_clients(self.evaluator, state, fed, mapper, per_client=True)
+        return common.evaluate_clients(self.evaluator, state.theta, fed, mapper, per_client=True)
 
 
 @register("fedfomo", FedFomoConfig)
