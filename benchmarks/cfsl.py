@@ -25,9 +25,10 @@ turns call by call (so that the other jobs on a shared machine slow them alike),
   * labeling round: labeling on and phi = 0, so the round relabels every worker's unlabeled
     images with the active cluster models (BM) and accepts all of them: each worker trains on
     its 140 training images, the most a round trains on.
-`finish` computes the cosine matrix of all I updates and the bipartitions of all K_max slots in
-every round (the warm-up and Eqs. 5-6 gate only which splits are granted), so both timed rounds
-run them; the `labeled_splits` and `labeling_splits` fields count the splits it granted.
+`CFSL.aggregate` computes the cosine matrix of all I updates and the bipartitions of all K_max
+slots in every round (the warm-up and Eqs. 5-6 gate only which splits are granted), so both
+timed rounds run them; the `labeled_splits` and `labeling_splits` fields count the splits it
+granted.
 
 The clustering's share of the round is measured by subtraction, under one mapping
 (--share-chunk, default the first jit one): the same rounds traced again with the workers'
@@ -75,8 +76,8 @@ def dataset(kind: str, workers: int, per_worker: int):
 
 def kernels(state, num_edges: int, p: int, repeats: int) -> dict:
     """The clustering kernels alone on random updates [I, P]: as the round runs them, per edge."""
-    cid = np.asarray(state.extra["cid"])
-    k, i = state.extra["active"].shape[0], cid.shape[0]
+    cid = np.asarray(state.clusters.cid)
+    k, i = state.clusters.active.shape[0], cid.shape[0]
     flat = jax.random.normal(jax.random.PRNGKey(0), (i, p), jnp.float32)
     sel = jnp.ones((i,), bool)
     member = jnp.asarray(cid[None, :] == np.arange(k)[:, None])  # [K, I]
@@ -112,8 +113,8 @@ def kernels(state, num_edges: int, p: int, repeats: int) -> dict:
 @contextlib.contextmanager
 def without_clustering(num_workers: int):
     """While a round is traced: the workers' cosine matrix ([I, I]) is zeros and every
-    bipartition is empty (`finish` runs the same otherwise, shapes included), so the round
-    traced inside costs the round less the clustering kernels. The cloud merge's [K, K]
+    bipartition is empty (`CFSL.aggregate` runs the same otherwise, shapes included), so the
+    round traced inside costs the round less the clustering kernels. The cloud merge's [K, K]
     cosine matrix of the clusters' means is left as it is."""
     cos, bip = cl.cosine_matrix, cl.bipartition_maxst
 
@@ -268,7 +269,7 @@ def main() -> None:
         past = state.replace(round=jnp.asarray(exp.alg.cfg.split_warmup, state.round.dtype))
         states = {
             "labeled": past,
-            "labeling": past.replace(extra={**past.extra, "labeling_on": jnp.asarray(True)}),
+            "labeling": past.replace(labels=past.labels.replace(on=jnp.asarray(True))),
         }
         kern = {"bench": "cfsl_kernels", **common, **kernels(past, num_edges, p, args.repeats)}
         kern.update(environment())

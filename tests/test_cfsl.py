@@ -14,21 +14,22 @@ import pytest
 
 from conftest import compose_config, swapped_data
 from fedjax_semi import experiment
-from fedjax_semi.algorithms.cfsl import flatten_clients
+from fedjax_semi.algorithms.base import RoundShared
 from fedjax_semi.algorithms.cfsl_config import SCENARIOS, CFSLConfig
+from fedjax_semi.algorithms.cfsl_steps import flatten_clients
 from fedjax_semi.engine.simulate import Runner
 from fedjax_semi.errors import ConfigError
 
 N = 24
-KEY = jax.random.PRNGKey(0)  # the Runner's key at seed 0: prepare() again sees round t's draws
+KEY = jax.random.PRNGKey(0)  # the Runner's key at seed 0: round_plan() again sees round t's draws
 BASE = [
     "algorithm=cfsl",
     "partition=cfsl",
     "systems=hwn",
     f"num_clients={N}",
     f"clients_per_round={N}",
-    "partition.num_edges=2",
-    "partition.cfsl_base=iid",
+    "partition.cfsl.num_edges=2",
+    "partition.cfsl.base=iid",
     "partition.labeled_fraction=0.6",
     "model.hidden=[16]",
     "algorithm.local_epochs=3",
@@ -73,17 +74,24 @@ def four(exp):
     return runner, states[-1], rows, states
 
 
+def round_plan(exp, runner, state):
+    """Round state.round + 1's plan (labels, C_r, pools) by the round's own server steps."""
+    labels = exp.alg.pseudo_label(state, runner.data)
+    return exp.alg.select(state, runner.data, labels, KEY)
+
+
 def updates(exp, runner, state):
-    """Round state.round + 1's plan and every worker's flattened update, prepared again."""
-    plan, inputs, shared = exp.alg.prepare(state, runner.data, KEY)
-    outs = jax.jit(jax.vmap(exp.alg.client_update, in_axes=(0, None)))(inputs, shared)
-    return plan, np.asarray(flatten_clients(outs["delta"]), np.float64)
+    """Round state.round + 1's plan and every worker's flattened update, computed again."""
+    p, data = round_plan(exp, runner, state), runner.data
+    shared = RoundShared(state.theta, data.x, data.y, state.round, KEY)  # the round's broadcast
+    outs = jax.jit(jax.vmap(exp.alg.local_update, in_axes=(0, None)))(p.workers, shared)
+    return p, np.asarray(flatten_clients(outs.delta), np.float64)
 
 
 def test_first_split_separates_the_latent_groups_on_every_edge(exp, four):
     _, state, rows, _ = four
     assert [int(m["splits"]) for m in rows] == [0, 0, 2, 0]  # one per edge, at the warm-up
-    cid = np.asarray(state.extra["cid"])
+    cid = np.asarray(state.clusters.cid)
     edge = exp.partition.assignments["edge"]
     group = exp.partition.assignments["cluster"]
     assert len(np.unique(cid)) == 4
@@ -91,7 +99,7 @@ def test_first_split_separates_the_latent_groups_on_every_edge(exp, four):
         members = cid == k
         assert len(np.unique(edge[members])) == 1  # clusters stay inside one edge
         assert len(np.unique(group[members])) == 1  # purity 1.0
-    assert not np.asarray(state.extra["root"])[np.unique(cid)].any()
+    assert not np.asarray(state.clusters.root)[np.unique(cid)].any()
 
 
 def test_children_start_from_the_parent_then_take_their_own_mean(exp, four):
@@ -101,9 +109,9 @@ def test_children_start_from_the_parent_then_take_their_own_mean(exp, four):
     runner, _, _, states = four
     state, new = states[2], states[3]  # round 3 splits
     plan, delta = updates(exp, runner, state)
-    before = np.asarray(flatten_clients(state.extra["cl_vars"]))
-    after = np.asarray(flatten_clients(new.extra["cl_vars"]))
-    cid_old, cid = np.asarray(state.extra["cid"]), np.asarray(new.extra["cid"])
+    before = np.asarray(flatten_clients(state.theta))
+    after = np.asarray(flatten_clients(new.theta))
+    cid_old, cid = np.asarray(state.clusters.cid), np.asarray(new.clusters.cid)
     w = np.asarray(plan.n_train, np.float64)
     group = exp.partition.assignments["cluster"]
     own, weight = {}, {}
@@ -134,20 +142,20 @@ def test_reduces_to_two_level_fedavg(labeled_only, edges):
     theta0 + the data-weighted mean update of all workers (edge average, then the cloud's);
     with J = 1 that is FedAvg's round."""
     exp = labeled_only if edges == 2 else build("algorithm.prediction_time=none",
-                                                "partition.num_edges=1")  # fmt: skip
+                                                "partition.cfsl.num_edges=1")  # fmt: skip
     runner = Runner(exp.alg, exp.fed, chunk="all", eval_chunk="all")
     state = runner.init()
     new, m = runner.round(state)
     _, delta = updates(exp, runner, state)
     w = np.asarray(exp.fed.roles["labeled"].count, np.float64)
-    theta0 = np.asarray(flatten_clients(state.extra["cl_vars"]))[0]
+    theta0 = np.asarray(flatten_clients(state.theta))[0]
     want = theta0 + (w[:, None] * delta).sum(0) / w.sum()
-    after = np.asarray(flatten_clients(new.extra["cl_vars"]))
-    assert int(np.sum(new.extra["active"])) == edges  # one root per edge
-    for k in np.flatnonzero(np.asarray(new.extra["active"])):
+    after = np.asarray(flatten_clients(new.theta))
+    assert int(np.sum(new.clusters.active)) == edges  # one root per edge
+    for k in np.flatnonzero(np.asarray(new.clusters.active)):
         # atol: float32 sums of ~1e-2 updates, values near zero.
         np.testing.assert_allclose(after[k], want, rtol=1e-4, atol=1e-6)
-    glob = flatten_clients(jax.tree.map(lambda a: a[None], new.global_vars))
+    glob = flatten_clients(jax.tree.map(lambda a: a[None], new.theta_global))
     np.testing.assert_allclose(np.asarray(glob)[0], want, rtol=1e-4, atol=1e-6)
     assert int(m["selected"]) == N and int(m["splits"]) == 0
 
@@ -160,10 +168,9 @@ def test_jit_chunks_and_reference_loop_agree(exp, four, backend, chunk):
     labeling round."""
     _, a, _, _ = four
     _, b, _ = run(exp, 4, backend=backend, chunk=chunk)
-    np.testing.assert_array_equal(a.extra["cid"], b.extra["cid"])
-    np.testing.assert_array_equal(a.extra["accepted"], b.extra["accepted"])
-    for x, y in zip(jax.tree.leaves(a.extra["cl_vars"]), jax.tree.leaves(b.extra["cl_vars"]),
-                    strict=True):  # fmt: skip
+    np.testing.assert_array_equal(a.clusters.cid, b.clusters.cid)
+    np.testing.assert_array_equal(a.labels.accepted, b.labels.accepted)
+    for x, y in zip(jax.tree.leaves(a.theta), jax.tree.leaves(b.theta), strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)  # reassociation, near-0 values
 
 
@@ -175,10 +182,10 @@ def test_split_based_labeling_starts_after_the_first_split(exp, four):
     assert [int(m["pseudo_labeled"]) for m in rows[:3]] == [0, 0, 0]
     unl = exp.fed.roles["unlabeled"]
     assert int(rows[3]["pseudo_labeled"]) == int(np.sum(unl.count))
-    plan, _, _ = exp.alg.prepare(state, runner.data, KEY)
+    plan = round_plan(exp, runner, state)
     n_lab = np.asarray(exp.fed.roles["labeled"].count)
-    np.testing.assert_array_equal(plan.n_train, n_lab + np.asarray(plan.accepted).sum(1))
-    cost, f = np.asarray(plan.costs["t_cmp"]), np.asarray(state.extra["devices"]["cpu_hz"])
+    np.testing.assert_array_equal(plan.n_train, n_lab + np.asarray(plan.labels.accepted).sum(1))
+    cost, f = np.asarray(plan.costs["t_cmp"]), np.asarray(state.devices.cpu_hz)
     # Eq. 21: T_cmp = epochs (3) x D_i,new x Psi (20 cycles) / f_i.
     np.testing.assert_allclose(cost * f / np.asarray(plan.n_train), 3 * 20.0, rtol=1e-5)
 
@@ -270,7 +277,7 @@ def test_bad_input_one_line(override, key):
 
 def test_fewer_cluster_slots_than_edges_is_one_line():
     """K_max < J: every edge needs its root slot."""
-    exp = build("partition.num_edges=3", "algorithm.max_clusters=2")
+    exp = build("partition.cfsl.num_edges=3", "algorithm.max_clusters=2")
     with pytest.raises(ConfigError) as e:
         exp.alg.init(KEY, exp.fed)
     assert "algorithm.max_clusters=2" in str(e.value) and "\n" not in str(e.value)
@@ -279,8 +286,8 @@ def test_fewer_cluster_slots_than_edges_is_one_line():
 def test_more_edges_than_workers_is_one_line():
     """J > I."""
     with pytest.raises(ValueError) as e:
-        build(f"partition.num_edges={N + 1}")
-    assert str(e.value).startswith("partition.num_edges=") and "\n" not in str(e.value)
+        build(f"partition.cfsl.num_edges={N + 1}")
+    assert str(e.value).startswith("partition.cfsl.num_edges=") and "\n" not in str(e.value)
 
 
 def test_hfsl_refuses_clustering():
@@ -296,11 +303,11 @@ def test_mechanism_metrics_recover_the_latent_groups(exp, four):
 
     runner, state, _, _ = four
     ev = jax.device_get(runner.evaluate(state))
-    cid = np.asarray(state.extra["cid"])
+    cid = np.asarray(state.clusters.cid)
     want = adjusted_rand_score(exp.partition.assignments["cluster"], cid)
     assert 0 < want < 1  # four pure clusters (two groups x two edges): a refinement
     np.testing.assert_allclose(ev["cluster_ari"], want, rtol=1e-5, atol=1e-6)
-    live = np.asarray(state.extra["active"])
-    stopped = np.asarray(state.extra["stopped"]) & live
+    live = np.asarray(state.clusters.active)
+    stopped = np.asarray(state.clusters.stopped) & live
     assert ev["stopped_cluster_share"] == pytest.approx(stopped.sum() / live.sum())
     assert exp.alg.mechanism_metrics == ("cluster_ari", "stopped_cluster_share")
