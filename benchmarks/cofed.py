@@ -111,7 +111,7 @@ def bench_run(args, env) -> None:
         "+experiment=cofed_fmnist",
         f"num_clients={args.run_clients}",
         f"clients_per_round={args.run_clients}",
-        f"partition.public_fraction={args.run_public / 60000}",
+        f"partition.cofed.public_fraction={args.run_public / 60000}",
         f"algorithm.local_epochs={args.local_epochs}",
         f"algorithm.update_epochs={args.update_epochs}",
         "save_partition=false",

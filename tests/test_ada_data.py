@@ -17,6 +17,7 @@ import pytest
 from conftest import compose_config
 from fedjax_semi import experiment
 from fedjax_semi.config import PartitionConfig, check_partition, validate
+from fedjax_semi.config_groups import AdaPartition
 from fedjax_semi.data.dataset import ArrayDataset
 from fedjax_semi.data.partitions import build_partition
 from fedjax_semi.data.registry import load_dataset
@@ -29,7 +30,9 @@ pytestmark = pytest.mark.usefixtures("isolated_data_env")
 
 def partition(ds: ArrayDataset, num_clients: int, seed: int = 0, **knobs):
     """The ada partition as experiment.make_partition builds it from a PartitionConfig."""
-    cfg = {**dataclasses.asdict(PartitionConfig(scheme="ada", val_fraction=0.2)), **knobs}
+    cfg = dataclasses.asdict(PartitionConfig(scheme="ada", val_fraction=0.2))
+    ada = {k: knobs.pop(k) for k in list(knobs) if k in cfg["ada"]}  # partition.ada's knobs
+    cfg = {**cfg, **knobs, "ada": {**cfg["ada"], **ada}}
     cfg.pop("file")
     return build_partition(ds, num_clients=num_clients, seed=seed, **cfg)
 
@@ -91,7 +94,7 @@ def test_svhn_pool_draws_on_the_extra_split(tmp_path):
     assert (pool >= n_base).sum() > 30 and (pool < n_train).sum() > 30  # both parts drawn on
     assert p.meta["index_layout"] == "concat(train, test, unlabeled split)"
     assert p.meta["pool_split_size"] == 80
-    with pytest.raises(ValueError, match=r"^partition\.server_unlabeled_size=171 .*<= 170"):
+    with pytest.raises(ValueError, match=r"^partition\.ada\.server_unlabeled_size=171 .*<= 170"):
         partition(ds, 4, labeled_fraction=0.25, server_unlabeled_extra=True,
                   server_unlabeled_size=171)  # fmt: skip
 
@@ -102,7 +105,7 @@ def test_svhn_preset_builds_the_pool_with_hidden_labels_and_runs_a_round(tmp_pat
     cfg = compose_config(
         "+experiment=ada_svhn", f"dataset.data_dir={root}", *TINY,
         "partition.labeled_fraction=0.25", "partition.val_fraction=0.25",
-        "partition.server_unlabeled_size=100", "model.width=0.25", "algorithm.local_steps=2",
+        "partition.ada.server_unlabeled_size=100", "model.width=0.25", "algorithm.local_steps=2",
         "rounds=1", small=False,
     )  # fmt: skip
     exp = experiment.build(cfg)
@@ -110,8 +113,8 @@ def test_svhn_preset_builds_the_pool_with_hidden_labels_and_runs_a_round(tmp_pat
     virtual = part.server["server_unlabeled"]  # train rows, and 160 + j for extra row j
     pool = np.asarray(fed.server["server_unlabeled"])
     assert len(pool) == 100 and pool.min() >= 160  # appended after train and test
-    x_all = np.concatenate([ds.x_train, ds.x_test, ds.extra["x_extra"]])
-    y_all = np.concatenate([ds.y_train, ds.y_test, ds.extra["y_extra"]])
+    x_all = np.concatenate([ds.x_train, ds.x_test, ds.side["x_extra"]])
+    y_all = np.concatenate([ds.y_train, ds.y_test, ds.side["y_extra"]])
     np.testing.assert_array_equal(np.asarray(fed.x)[pool], x_all[virtual])
     np.testing.assert_array_equal(np.asarray(fed.eval_y)[pool], y_all[virtual])  # for pl_acc
     assert (np.asarray(fed.y)[pool] == -1).all()  # never visible to training
@@ -136,7 +139,7 @@ def test_stl10_resized_to_32_with_its_unlabeled_split_as_the_pool(tmp_path):
     root = write_stl10(tmp_path)
     cfg = compose_config(
         "+experiment=ada_stl10", f"dataset.data_dir={root}", *TINY,
-        "partition.server_unlabeled_size=30", small=False,
+        "partition.ada.server_unlabeled_size=30", small=False,
     )  # fmt: skip
     exp = experiment.build(cfg)
     ds, part, fed = exp.dataset, exp.partition, exp.fed
@@ -145,7 +148,7 @@ def test_stl10_resized_to_32_with_its_unlabeled_split_as_the_pool(tmp_path):
     virtual = part.server["server_unlabeled"]
     assert len(virtual) == 30 and virtual.min() >= 80  # only unlabeled_X.bin rows
     pool = np.asarray(fed.server["server_unlabeled"])
-    raw = load_dataset("stl10", data_dir=str(root)).extra["x_unlabeled"]
+    raw = load_dataset("stl10", data_dir=str(root)).side["x_unlabeled"]
     want = experiment.resize_images(np.asarray(raw[virtual - 80]), (32, 32, 3))
     np.testing.assert_array_equal(np.asarray(fed.x)[pool], want)
     assert (np.asarray(fed.eval_y)[pool] == -1).all()  # STL-10's pool has no labels at all
@@ -154,7 +157,7 @@ def test_stl10_resized_to_32_with_its_unlabeled_split_as_the_pool(tmp_path):
     with pytest.raises(ConfigError, match=r"^partition\.labeled_fraction=1\.0 .*server_unlabeled"):
         experiment.build(compose_config(
             "+experiment=ada_stl10", f"dataset.data_dir={root}", *TINY,
-            "partition.server_unlabeled_extra=false", "partition.server_unlabeled_size=0",
+            "partition.ada.server_unlabeled_extra=false", "partition.ada.server_unlabeled_size=0",
             small=False,
         ))  # fmt: skip
 
@@ -170,7 +173,7 @@ def test_cross_dataset_pool_is_stl10_unlabeled_resized_and_nested(tmp_path):
         cfg = compose_config(
             "+experiment=ada_cross", f"dataset.data_dir={tmp_path}",
             f"dataset.server_pool_dir={tmp_path / 's'}", *TINY,
-            f"partition.server_unlabeled_fraction={fraction}", small=False,
+            f"partition.ada.server_unlabeled_fraction={fraction}", small=False,
         )  # fmt: skip
         fed = experiment.build(cfg).fed
         pool = np.asarray(fed.server["server_unlabeled"])
@@ -179,15 +182,15 @@ def test_cross_dataset_pool_is_stl10_unlabeled_resized_and_nested(tmp_path):
 
     full, half = pool_images(1.0), pool_images(0.5)
     assert full.shape == (60, 32, 32, 3) and half.shape == (30, 32, 32, 3)  # unlabeled split only
-    raw = load_dataset("stl10", data_dir=str(tmp_path / "s")).extra["x_unlabeled"]
+    raw = load_dataset("stl10", data_dir=str(tmp_path / "s")).side["x_unlabeled"]
     np.testing.assert_array_equal(full, experiment.resize_images(np.asarray(raw), (32, 32, 3)))
     rows = {r.tobytes() for r in full}
     assert all(r.tobytes() in rows for r in half)  # a share is a subset of the whole
-    with pytest.raises(ConfigError, match=r"^partition\.server_unlabeled_extra=True"):
+    with pytest.raises(ConfigError, match=r"^partition\.ada\.server_unlabeled_extra=True"):
         experiment.build(compose_config(
             "+experiment=ada_cross", f"dataset.data_dir={tmp_path}",
             f"dataset.server_pool_dir={tmp_path / 's'}", *TINY,
-            "partition.server_unlabeled_extra=true", small=False,
+            "partition.ada.server_unlabeled_extra=true", small=False,
         ))  # fmt: skip
 
 
@@ -224,9 +227,9 @@ def test_imdb_preset_as_tokens_runs_a_round(tmp_path):
 def _labels_only(y_train: np.ndarray, y_test: np.ndarray, n_extra: int = 0) -> ArrayDataset:
     """A dataset of 1x1 images with the given labels (partitions read only the labels)."""
     x = lambda n: np.zeros((n, 1, 1, 1), np.uint8)  # noqa: E731
-    extra = {"x_extra": x(n_extra)} if n_extra else {}
+    side = {"x_extra": x(n_extra)} if n_extra else {}
     return ArrayDataset("labels", x(len(y_train)), y_train.astype(np.int32), x(len(y_test)),
-                        y_test.astype(np.int32), 10, (0.0,), (1.0,), extra=extra)  # fmt: skip
+                        y_test.astype(np.int32), 10, (0.0,), (1.0,), side=side)  # fmt: skip
 
 
 def test_pool_shares_are_nested_random_subsets():
@@ -250,28 +253,34 @@ def test_pool_shares_are_nested_random_subsets():
 @pytest.mark.parametrize("value", [0.0, -0.1, 1.5, "half"])
 def test_bad_pool_share_is_one_line(value):
     with pytest.raises(ConfigError) as e:
-        check_partition(PartitionConfig(scheme="ada", server_unlabeled_fraction=value))
+        check_partition(
+            PartitionConfig(scheme="ada", ada=AdaPartition(server_unlabeled_fraction=value))
+        )
     msg = str(e.value)
-    assert msg.startswith(f"partition.server_unlabeled_fraction={value!r}") and "(0, 1]" in msg
+    assert msg.startswith(f"partition.ada.server_unlabeled_fraction={value!r}") and "(0, 1]" in msg
     assert "\n" not in msg
 
 
 def test_other_bad_inputs_are_one_line(tmp_path):
     y = np.repeat(np.arange(10), 10)
     ds = _labels_only(y, y[:50])
-    with pytest.raises(ValueError, match=r"^partition\.server_unlabeled_extra=True .*no unlabeled"):
+    with pytest.raises(
+        ValueError, match=r"^partition\.ada\.server_unlabeled_extra=True .*no unlabeled"
+    ):
         partition(ds, 4, server_unlabeled_extra=True)
     with pytest.raises(ValueError, match=r"^partition\.val_fraction=0\.001 .*non-empty"):
         partition(ds, 4, val_fraction=0.001)
-    with pytest.raises(ConfigError, match=r"^partition\.server_unlabeled_extra='yes'"):
-        check_partition(PartitionConfig(scheme="ada", server_unlabeled_extra="yes"))
+    with pytest.raises(ConfigError, match=r"^partition\.ada\.server_unlabeled_extra='yes'"):
+        check_partition(
+            PartitionConfig(scheme="ada", ada=AdaPartition(server_unlabeled_extra="yes"))
+        )
     with pytest.raises(ConfigError, match=r"^dataset\.image_size=0 "):
         validate(compose_config("dataset.image_size=0"))
     # A share that keeps nothing of a small pool.
-    with pytest.raises(ConfigError, match=r"^partition\.server_unlabeled_fraction=0\.0001 "):
+    with pytest.raises(ConfigError, match=r"^partition\.ada\.server_unlabeled_fraction=0\.0001 "):
         experiment.build(compose_config(
             "partition=ada", "algorithm=ada_fedsemi", "partition.val_fraction=0.2",
-            "partition.server_unlabeled_fraction=0.0001",
+            "partition.ada.server_unlabeled_fraction=0.0001",
         ))  # fmt: skip
 
 
@@ -287,15 +296,15 @@ SVHN_TEST = [1744, 5099, 4149, 2882, 2523, 2384, 1977, 2019, 1660, 1595]  # 26,0
     [
         # CIFAR-10: 10k labeled (500 a client), 40k pool, 2k validation, 8k test.
         ("cifar10", [5000] * 10, [1000] * 10, 0,
-         dict(labeled_fraction=0.2, val_fraction=0.2, ada_zeta=0.5), (500, 40_000, 2000, 8000)),
+         dict(labeled_fraction=0.2, val_fraction=0.2, zeta=0.5), (500, 40_000, 2000, 8000)),
         # SVHN: 3,660 labeled (183), 100k of 69,597 + 531,131, 6,032 validation, 20,000 test.
         ("svhn", SVHN_TRAIN, SVHN_TEST, 531_131,
-         dict(labeled_fraction=0.04996, val_fraction=0.23171, ada_zeta=0.5,
+         dict(labeled_fraction=0.04996, val_fraction=0.23171, zeta=0.5,
               server_unlabeled_extra=True, server_unlabeled_size=100_000),
          (183, 100_000, 6032, 20_000)),
         # STL-10: the 5k train split labeled (250), non-IID-0.75; 2k validation, 6k test.
         ("stl10", [500] * 10, [800] * 10, 0,
-         dict(labeled_fraction=1.0, val_fraction=0.25, ada_zeta=0.75), (250, 0, 2000, 6000)),
+         dict(labeled_fraction=1.0, val_fraction=0.25, zeta=0.75), (250, 0, 2000, 6000)),
     ],
 )  # fmt: skip
 def test_noniid_zeta_at_the_papers_sizes(name, train, test, extra, knobs, sizes):
@@ -311,7 +320,7 @@ def test_noniid_zeta_at_the_papers_sizes(name, train, test, extra, knobs, sizes)
     assert [len(a) for a in lab] == [n_m] * 20
     flat = np.concatenate(lab)
     assert len(np.unique(flat)) == len(flat) == 20 * n_m and flat.max() < len(y_tr)
-    dominant = int(round(knobs["ada_zeta"] * n_m))
+    dominant = int(round(knobs["zeta"] * n_m))
     assert [(y_tr[a] == m % 10).sum() for m, a in enumerate(lab)] == [dominant] * 20
     pool = p.server["server_unlabeled"]
     assert len(pool) == n_pool and not np.isin(pool, flat).any()
@@ -325,7 +334,7 @@ def test_iid_histograms_are_close_to_uniform():
     """Check 18, IID: CIFAR-10's sizes, 500 samples a client, about 50 of each class."""
     y = np.repeat(np.arange(10), 5000)
     ds = _labels_only(y, np.repeat(np.arange(10), 1000))
-    p = partition(ds, 20, labeled_fraction=0.2, ada_variant="iid")
+    p = partition(ds, 20, labeled_fraction=0.2, variant="iid")
     hist = np.stack([np.bincount(y[a], minlength=10) for a in p.clients["labeled"]])
     assert (hist.sum(1) == 500).all()
     # Multinomial(500, 1/10): std ~6.7 a cell; 20 x 10 cells stay within 5 std of 50.

@@ -237,9 +237,9 @@ def test_heterogeneous_tx2_clock_and_the_validation_switch():
     s, key = exp.cfg.systems, jax.random.PRNGKey(exp.cfg.seed)
     waits = []
     for k, m in enumerate(rows, start=1):
-        speed = np.asarray(s.tx2_speeds)[np.asarray(tx2.modes(exp.alg.tx2, key, k, M))]
+        speed = np.asarray(s.tx2.speeds)[np.asarray(tx2.modes(exp.alg.tx2, key, k, M))]
         bw = np.asarray(tx2.bandwidth_mbps(exp.alg.tx2, key, k, M))
-        t = (s.tx2_overhead_s + s.tx2_compute_full_s / speed + 2 * 13.4 / bw)[m["selected"]]
+        t = (s.tx2.overhead_s + s.tx2.compute_full_s / speed + 2 * 13.4 / bw)[m["selected"]]
         np.testing.assert_allclose(m["round_time_s"], t.max(), rtol=1e-5)
         np.testing.assert_allclose(m["wait_ratio"], 100 * np.mean(1 - t / t.max()), rtol=1e-4)
         waits += list(1 - t / t.max())

@@ -154,9 +154,9 @@ def test_ttap_report_of_a_dofed_sweep(tmp_path):
     cls_acc, lab_acc) from round 0 (eval_initial, after the warm-up) on, and the panel PNG."""
     sweep = tmp_path / "sweep"
     tiny = [
-        "partition=subset", "num_clients=6", "partition.train_per_class=20",
-        "partition.target_per_class=20", "partition.target_labeled_fraction=0.1",
-        "partition.test_per_class=8", "algorithm.warmup_rounds=1", "algorithm.selection_k=3",
+        "partition=subset", "num_clients=6", "partition.dofed.train_per_class=20",
+        "partition.dofed.target_per_class=20", "partition.dofed.target_labeled_fraction=0.1",
+        "partition.dofed.test_per_class=8", "algorithm.warmup_rounds=1", "algorithm.selection_k=3",
         "algorithm.selection_b=2", "clients_per_round=3", "eval_initial=true",
     ]  # fmt: skip
     r = run_cli(

@@ -27,10 +27,10 @@ BASE = [
     f"clients_per_round={N}",
     "rounds=1",
     "model=cnn",
-    "partition.cofed_min_classes=3",
-    "partition.cofed_max_classes=4",
-    "partition.samples_per_class=12",
-    "partition.public_fraction=0.3",
+    "partition.cofed.min_classes=3",
+    "partition.cofed.max_classes=4",
+    "partition.cofed.samples_per_class=12",
+    "partition.cofed.public_fraction=0.3",
     "algorithm.local_epochs=3",
     "algorithm.batch_size=16",
     "algorithm.update_epochs=2",
@@ -199,7 +199,7 @@ def test_alpha_bounds_on_the_uploads(exp, ran, alpha):
         ("algorithm.model_pool=resnet", "algorithm.model_pool='resnet'"),
         ("algorithm.conflict=vote", "algorithm.conflict='vote'"),
         ("algorithm.update_epochs=0", "algorithm.update_epochs=0"),
-        ("partition.cofed_min_classes=11", "partition.cofed_min_classes=11"),
+        ("partition.cofed.min_classes=11", "partition.cofed.min_classes=11"),
     ],
 )
 def test_bad_input_one_line(override, key):
@@ -210,7 +210,7 @@ def test_bad_input_one_line(override, key):
 
 
 def test_empty_public_set_is_refused():
-    exp = build("partition.public_fraction=0.0")
+    exp = build("partition.cofed.public_fraction=0.0")
     with pytest.raises(ConfigError, match="public"):
         exp.alg.init(jax.random.PRNGKey(0), exp.fed)
 
@@ -224,7 +224,7 @@ def test_subclusters_give_coarse_tasks():
     assert sub.num_classes == 20
     np.testing.assert_array_equal(sub.y_train // 2, ds.y_train)
     np.testing.assert_array_equal(sub.y_test // 2, ds.y_test)
-    np.testing.assert_array_equal(sub.extra["y_train_coarse"], ds.y_train)
+    np.testing.assert_array_equal(sub.side["y_train_coarse"], ds.y_train)
     again = with_subclusters(ds, 2, seed=0)
     np.testing.assert_array_equal(again.y_train, sub.y_train)
     # Both sub-clusters of every class are used.
@@ -233,7 +233,9 @@ def test_subclusters_give_coarse_tasks():
 
 def test_noniid_draws_from_one_or_two_subclusters():
     exp = build(
-        "dataset.subclusters=3", "partition.cofed_variant=noniid", "partition.samples_per_class=8"
+        "dataset.subclusters=3",
+        "partition.cofed.variant=noniid",
+        "partition.cofed.samples_per_class=8",
     )
     fine = exp.dataset.y_train
     space = np.asarray(exp.partition.assignments["label_space"])

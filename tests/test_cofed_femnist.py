@@ -13,11 +13,10 @@ import pytest
 from conftest import compose_config
 from fedjax_semi import experiment
 from fedjax_semi.config import validate
-from fedjax_semi.data.partitions import build_partition
 from fedjax_semi.data.registry import load_dataset
 from fedjax_semi.errors import ConfigError
 from test_image_loaders import write_chars74k_kannada, write_leaf_file
-from test_partition import DEFAULTS, check_paper_invariants
+from test_partition import DEFAULTS, build, check_paper_invariants
 
 pytestmark = pytest.mark.usefixtures("isolated_data_env")
 
@@ -48,15 +47,15 @@ def femnist(tmp_path):
 
 
 def writers_partition(ds, **knobs):
-    args = {**DEFAULTS, "scheme": "cofed", "cofed_variant": "writers", "public_fraction": 0.0}
-    return build_partition(ds, **{**args, "num_clients": 4, "min_client_size": 1, **knobs})
+    args = {**DEFAULTS, "scheme": "cofed", "variant": "writers", "public_fraction": 0.0}
+    return build(ds, **{**args, "num_clients": 4, "min_client_size": 1, **knobs})
 
 
 @pytest.mark.parametrize("space", ["all", "present"])
 def test_writers_partition(femnist, space):
-    p = writers_partition(femnist, cofed_label_space=space)
+    p = writers_partition(femnist, label_space=space)
     check_paper_invariants(p, femnist)  # private and test rows disjoint across participants
-    writer = np.concatenate([femnist.extra["writer_train"], femnist.extra["writer_test"]])
+    writer = np.concatenate([femnist.side["writer_train"], femnist.side["writer_test"]])
     y = np.concatenate([femnist.y_train, femnist.y_test])
     np.testing.assert_array_equal(p.assignments["writer"], TOP)
     spaces = p.assignments["label_space"]
@@ -82,11 +81,11 @@ def test_writers_partition(femnist, space):
     assert len(p.server["public"]) == 0
     np.testing.assert_array_equal(p.assignments["label_map"], np.tile(np.arange(62), (4, 1)))
     # The split is seeded: the same seed gives the same partition, another seed another one.
-    again = writers_partition(femnist, cofed_label_space=space)
+    again = writers_partition(femnist, label_space=space)
     np.testing.assert_array_equal(
         np.concatenate(again.clients["labeled"]), np.concatenate(p.clients["labeled"])
     )
-    other = writers_partition(femnist, cofed_label_space=space, seed=1)
+    other = writers_partition(femnist, label_space=space, seed=1)
     assert not np.array_equal(
         np.concatenate(other.clients["labeled"]), np.concatenate(p.clients["labeled"])
     )
@@ -97,7 +96,7 @@ def test_writers_public_set_from_the_other_writers(femnist):
     pub = p.server["public"]
     n_train = len(femnist.y_train)
     assert len(pub) == round(0.1 * n_train) and pub.max() < n_train
-    outside = ~np.isin(femnist.extra["writer_train"][pub], TOP[:3])
+    outside = ~np.isin(femnist.side["writer_train"][pub], TOP[:3])
     assert outside.all()  # writers 0 (12 samples) and 4 (8): no participant's row is public
 
 
@@ -105,9 +104,9 @@ def test_writers_public_set_from_the_other_writers(femnist):
     ("knobs", "key"),
     [
         ({"num_clients": 6}, "num_clients=6"),
-        ({"cofed_train_share": 1.0}, "partition.cofed_train_share=1.0"),
-        ({"cofed_label_space": "seen"}, "partition.cofed_label_space='seen'"),
-        ({"public_fraction": 0.5}, "partition.public_fraction=0.5"),
+        ({"train_share": 1.0}, "partition.cofed.train_share=1.0"),
+        ({"label_space": "seen"}, "partition.cofed.label_space='seen'"),
+        ({"public_fraction": 0.5}, "partition.cofed.public_fraction=0.5"),
     ],
 )
 def test_writers_bad_input_one_line(femnist, knobs, key):
@@ -118,7 +117,7 @@ def test_writers_bad_input_one_line(femnist, knobs, key):
 
 def test_writers_need_per_sample_writers():
     digits = load_dataset("digits")
-    with pytest.raises(ValueError, match=r"^partition\.cofed_variant='writers'.*femnist"):
+    with pytest.raises(ValueError, match=r"^partition\.cofed\.variant='writers'.*femnist"):
         writers_partition(digits)
 
 
@@ -139,10 +138,10 @@ def test_cofed_femnist_preset_builds_on_fixtures(tmp_path):
     ]
     cfg = compose_config(*overrides, small=False)
     p, a = cfg.partition, cfg.algorithm
-    assert (p.scheme, p.cofed_variant, p.cofed_train_share, p.public_fraction) == (
+    assert (p.scheme, p.cofed.variant, p.cofed.train_share, p.cofed.public_fraction) == (
         "cofed", "writers", 0.4, 0.0
     )  # fmt: skip
-    assert (p.cofed_label_space, a.label_space, a.alpha) == ("all", "all", 0.01)
+    assert (p.cofed.label_space, a.label_space, a.alpha) == ("all", "all", 0.01)
     assert cfg.dataset.server_pool == "kannada" and cfg.paper[0]["rel_acc"] == 1.156
     exp = experiment.build(cfg)
     np.testing.assert_array_equal(exp.partition.assignments["writer"], TOP)
@@ -169,9 +168,13 @@ def test_cofed_fmnist_ood_changes_only_the_public_set(femnist):
     def flat(name: str) -> dict:
         node = OmegaConf.to_container(compose_hydra(f"+experiment={name}", small=False))
         out = {}
-        for group, values in node.items():
-            for k, v in values.items() if isinstance(values, dict) else [("", values)]:
-                out[f"{group}.{k}"] = v
+        todo = list(node.items())
+        while todo:  # nested groups (partition.cofed.*) flattened to their dotted keys
+            key, v = todo.pop()
+            if isinstance(v, dict) and v:
+                todo += [(f"{key}.{k}", w) for k, w in v.items()]
+            else:
+                out[key] = v
         return out
 
     base, ood = flat("cofed_fmnist"), flat("cofed_fmnist_ood")
@@ -179,7 +182,7 @@ def test_cofed_fmnist_ood_changes_only_the_public_set(femnist):
     assert changed == {
         "dataset.server_pool": "digits",
         "dataset.server_pool_size": 1000,
-        "partition.public_fraction": 0.0,
+        "partition.cofed.public_fraction": 0.0,
     }
     # The public set: 1,000 of the 8x8 digits, upsampled to the task's 28x28x1.
     cfg = compose_config("+experiment=cofed_fmnist_ood", small=False)

@@ -30,10 +30,10 @@ BASE = [
     "dataset.server_pool=digits",
     "dataset.server_pool_labels=true",
     "dataset.server_pool_size=200",
-    "partition.cofed_min_classes=3",
-    "partition.cofed_max_classes=4",
-    "partition.samples_per_class=12",
-    "partition.public_fraction=0.2",
+    "partition.cofed.min_classes=3",
+    "partition.cofed.max_classes=4",
+    "partition.cofed.samples_per_class=12",
+    "partition.cofed.public_fraction=0.2",
     "algorithm.local_epochs=4",
     "algorithm.public_epochs=2",
     "algorithm.lr=0.005",
@@ -196,7 +196,7 @@ def test_table2_ratios_from_runs_and_cofed_lines(tmp_path, capsys):
         d = tmp_path / "runs" / f"iid_s{seed}"
         d.mkdir(parents=True)
         (d / "run_config.json").write_text(
-            json.dumps({"seed": seed, "partition": {"cofed_variant": "iid"}})
+            json.dumps({"seed": seed, "partition": {"cofed": {"variant": "iid"}}})
         )
         (d / "summary.json").write_text('{"client_acc": [0.4, 0.5], "rounds_completed": 4}')
         curve = [{"round": 2, "accuracy": 0.6}, {"round": 3}, {"round": 4, "accuracy": 0.45}]

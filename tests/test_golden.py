@@ -23,10 +23,10 @@ GOLDEN = Path(__file__).parent / "golden"
 
 # The partitions of the methods' own tests, small.
 COFED = ["partition=cofed", "num_clients=6", "clients_per_round=6", "model=cnn",
-         "partition.cofed_min_classes=3", "partition.cofed_max_classes=4",
-         "partition.samples_per_class=12", "partition.public_fraction=0.3"]
+         "partition.cofed.min_classes=3", "partition.cofed.max_classes=4",
+         "partition.cofed.samples_per_class=12", "partition.cofed.public_fraction=0.3"]
 CFSL = ["partition=cfsl", "systems=hwn", "num_clients=24", "clients_per_round=24",
-        "partition.num_edges=2", "partition.cfsl_base=iid", "partition.labeled_fraction=0.6",
+        "partition.cfsl.num_edges=2", "partition.cfsl.base=iid", "partition.labeled_fraction=0.6",
         "model.hidden=[16]", "algorithm.local_epochs=3", "algorithm.batch_size=16",
         "algorithm.lr=0.1", "algorithm.max_clusters=8", "algorithm.split_warmup=3",
         "algorithm.eps1=1e6", "algorithm.eps2=1e-6", "algorithm.phi=0.0"]
@@ -34,18 +34,19 @@ ADA = ["partition=ada", "num_clients=10", "clients_per_round=10",
        "partition.labeled_fraction=0.3", "algorithm.local_steps=3", "algorithm.batch_size=16",
        "algorithm.server_batch=64", "algorithm.lr=0.1"]
 SUBSET = ["partition=subset", "num_clients=6", "clients_per_round=3",
-          "partition.train_per_class=40", "partition.target_per_class=40",
-          "partition.target_labeled_fraction=0.5", "partition.test_per_class=15",
+          "partition.dofed.train_per_class=40", "partition.dofed.target_per_class=40",
+          "partition.dofed.target_labeled_fraction=0.5", "partition.dofed.test_per_class=15",
           "algorithm.lr=0.1", "algorithm.batch_size=16",
-          "systems.time_sec_per_train_sample=2e-4", "systems.time_sec_per_infer_sample=5e-5"]
+          "systems.wireless.time_sec_per_train_sample=2e-4",
+          "systems.wireless.time_sec_per_infer_sample=5e-5"]
 
 RUNS = {
     "fedavg_pl": ["algorithm=fedavg_pl", "rounds=3"],
     "dofed_spp": [
-        "algorithm=dofed_spp", "partition=subset", "partition.assignment=balanced",
+        "algorithm=dofed_spp", "partition=subset", "partition.dofed.assignment=balanced",
         "num_clients=6",
-        "partition.train_per_class=20", "partition.target_per_class=20",
-        "partition.target_labeled_fraction=0.1", "partition.test_per_class=8",
+        "partition.dofed.train_per_class=20", "partition.dofed.target_per_class=20",
+        "partition.dofed.target_labeled_fraction=0.1", "partition.dofed.test_per_class=8",
         "algorithm.warmup_rounds=1", "algorithm.selection_k=3", "algorithm.selection_b=2",
         "clients_per_round=3", "eval_initial=true", "rounds=2",
     ],

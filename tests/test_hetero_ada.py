@@ -376,8 +376,8 @@ def test_round_clock_depths_and_waiting_ratio(hetero, hetero_rows):
         bw = np.asarray(tx2.bandwidth_mbps(alg.tx2, key, k, M))
         di = np.clip(d, 1, L) - 1
         load, size = np.asarray(c.part_loads)[di] / c.part_loads[-1], np.asarray(c.part_bytes)[di]
-        speed = np.asarray(sysc.tx2_speeds)[mode]
-        t = sysc.tx2_overhead_s + sysc.tx2_compute_full_s * load / speed + 2 * size / 1e6 / bw
+        speed = np.asarray(sysc.tx2.speeds)[mode]
+        t = sysc.tx2.overhead_s + sysc.tx2.compute_full_s * load / speed + 2 * size / 1e6 / bw
         want_t = t[sel].max() + c.t_p * int(m["num_pseudo"])
         np.testing.assert_allclose(m["round_time_s"], want_t, rtol=1e-5)
         np.testing.assert_allclose(m["round_traffic_gb"], 2 * size[sel].sum() / 1e9, rtol=1e-6)
@@ -528,10 +528,10 @@ def test_update_mask_in_the_round(hetero, runner1, hetero_rows):
         (["algorithm.server_exit_losses=mean"], "algorithm.server_exit_losses"),
         (["algorithm.kmeans_restarts=0"], "algorithm.kmeans_restarts"),
         (["algorithm.min_rel_gap=-0.1"], "algorithm.min_rel_gap"),
-        (["systems.tx2_speeds=[]"], "systems.tx2_speeds"),
-        (["systems.tx2_group_shares=[0.5,0.4]"], "systems.tx2_group_shares"),
-        (["systems.tx2_group_bw_mbps=[4.5,1.5]"], "systems.tx2_group_bw_mbps"),
-        (["systems.tx2_mode_period=0"], "systems.tx2_mode_period"),
+        (["systems.tx2.speeds=[]"], "systems.tx2.speeds"),
+        (["systems.tx2.group_shares=[0.5,0.4]"], "systems.tx2.group_shares"),
+        (["systems.tx2.group_bw_mbps=[4.5,1.5]"], "systems.tx2.group_bw_mbps"),
+        (["systems.tx2.mode_period=0"], "systems.tx2.mode_period"),
     ],
 )
 def test_bad_config_is_one_line(overrides, key):

@@ -106,7 +106,7 @@ def test_rows_other_clients_hold_are_never_held_out():
     ds = synthetic(600, 100)  # 60 train rows per class: clients share most of them
     kw = dict(
         scheme="normal", num_clients=8, train_per_class=20, target_per_class=10,
-        target_labeled_fraction=0.1, test_per_class=5, seed=0, normal_size_mode="per_class",
+        target_labeled_fraction=0.1, test_per_class=5, seed=0, size_mode="per_class",
     )  # fmt: skip
     p = build(ds, holdout=0.3, **kw)
     train = [

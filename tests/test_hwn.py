@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import compose_config
-from fedjax_semi.config import SystemsConfig
+from fedjax_semi.config_groups import HwnSystems
 from fedjax_semi.errors import ConfigError
 from fedjax_semi.systems import hwn
 
@@ -271,26 +271,26 @@ def test_from_config_and_yaml():
     sys = hwn.HwnSystem.from_config(cfg.systems)
     assert sys == hwn.HwnSystem()  # the yaml restates the defaults
     sys2 = hwn.HwnSystem.from_config(
-        compose_config("systems=hwn", "systems.hwn_fading=none", "systems.hwn_dist_m=[5,10]")
+        compose_config("systems=hwn", "systems.hwn.fading=none", "systems.hwn.dist_m=[5,10]")
     )
     assert sys2.fading == "none" and sys2.dist_m == (5.0, 10.0)
     hash(sys2)  # a static jit argument
     names = {f.name for f in dataclasses.fields(hwn.HwnSystem)}
-    assert {f"hwn_{n}" for n in names} <= {f.name for f in dataclasses.fields(SystemsConfig)}
+    assert names == {f.name for f in dataclasses.fields(HwnSystems)}  # systems.hwn.<name>
 
 
 @pytest.mark.parametrize(
     ("field", "value", "key"),
     [
-        ("fading", "rician", "systems.hwn_fading"),
-        ("bandwidth_share", "equal", "systems.hwn_bandwidth_share"),
-        ("bandwidth_hz", 0.0, "systems.hwn_bandwidth_hz"),
-        ("noise_w", -1.0, "systems.hwn_noise_w"),
-        ("power_dbm", (20.0, -10.0), "systems.hwn_power_dbm"),
-        ("cpu_hz", (0.0, 1e9), "systems.hwn_cpu_hz"),
-        ("dist_m", (5.0,), "systems.hwn_dist_m"),
-        ("capacitance", -1e-28, "systems.hwn_capacitance"),
-        ("backhaul_bps", 0.0, "systems.hwn_backhaul_bps"),
+        ("fading", "rician", "systems.hwn.fading"),
+        ("bandwidth_share", "equal", "systems.hwn.bandwidth_share"),
+        ("bandwidth_hz", 0.0, "systems.hwn.bandwidth_hz"),
+        ("noise_w", -1.0, "systems.hwn.noise_w"),
+        ("power_dbm", (20.0, -10.0), "systems.hwn.power_dbm"),
+        ("cpu_hz", (0.0, 1e9), "systems.hwn.cpu_hz"),
+        ("dist_m", (5.0,), "systems.hwn.dist_m"),
+        ("capacitance", -1e-28, "systems.hwn.capacitance"),
+        ("backhaul_bps", 0.0, "systems.hwn.backhaul_bps"),
     ],
 )
 def test_bad_values_name_the_key(field, value, key):
@@ -299,10 +299,10 @@ def test_bad_values_name_the_key(field, value, key):
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith(f"{key}=") and "not allowed" in msg
     with pytest.raises(ConfigError) as err2:
-        SystemsConfig(**{f"hwn_{field}": list(value) if isinstance(value, tuple) else value})
+        HwnSystems(**{field: list(value) if isinstance(value, tuple) else value})
     assert "\n" not in str(err2.value) and str(err2.value).startswith(f"{key}=")
 
 
 def test_bad_yaml_override_names_the_key():
-    with pytest.raises(ConfigError, match=r"^systems\.hwn_fading='rician' is not allowed"):
-        compose_config("systems=hwn", "systems.hwn_fading=rician")
+    with pytest.raises(ConfigError, match=r"^systems\.hwn\.fading='rician' is not allowed"):
+        compose_config("systems=hwn", "systems.hwn.fading=rician")

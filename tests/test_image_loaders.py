@@ -153,11 +153,11 @@ def test_cifar100_fine_and_coarse(tmp_path):
     np.testing.assert_array_equal(ds.y_train, written["train"][1])
     np.testing.assert_array_equal(ds.y_test, written["test"][1])
     for split in ("train", "test"):
-        coarse = ds.extra[f"y_{split}_coarse"]
+        coarse = ds.side[f"y_{split}_coarse"]
         assert coarse.dtype == np.int32 and coarse.shape == (len(written[split][1]),)
         np.testing.assert_array_equal(coarse, written[split][2])
         assert coarse.max() < 20
-    assert not ds.extra["y_train_coarse"].flags.writeable
+    assert not ds.side["y_train_coarse"].flags.writeable
 
 
 # ----------------------------------------------------------------------------- SVHN
@@ -182,10 +182,10 @@ def test_svhn(tmp_path, with_extra):
     assert ds.y_train[9] == 0 and y_stored[9] == 10
     assert set(ds.y_train.tolist()) == set(range(10))
     if with_extra:
-        np.testing.assert_array_equal(ds.extra["x_extra"], x_extra)
-        assert ds.extra["y_extra"].tolist() == [1, 2, 3]
+        np.testing.assert_array_equal(ds.side["x_extra"], x_extra)
+        assert ds.side["y_extra"].tolist() == [1, 2, 3]
     else:
-        assert "x_extra" not in ds.extra
+        assert "x_extra" not in ds.side
 
 
 # ----------------------------------------------------------------------------- STL-10
@@ -211,7 +211,7 @@ def test_stl10_column_major_layout_and_labels(tmp_path):
     assert ds.x_train[0, h, w, c] == raw_train[0, c, w, h]
     np.testing.assert_array_equal(ds.x_train, raw_train.transpose(0, 3, 2, 1))
     np.testing.assert_array_equal(ds.x_test, raw_test.transpose(0, 3, 2, 1))
-    unl = ds.extra["x_unlabeled"]
+    unl = ds.side["x_unlabeled"]
     assert unl.shape == (2, 96, 96, 3) and unl.dtype == np.uint8
     np.testing.assert_array_equal(unl, raw_unl.transpose(0, 3, 2, 1))
 
@@ -224,7 +224,7 @@ def test_stl10_without_unlabeled(tmp_path):
     np.array([3], np.uint8).tofile(d / "train_y.bin")
     np.array([4], np.uint8).tofile(d / "test_y.bin")
     ds = load_dataset("stl10", data_dir=str(d))
-    assert "x_unlabeled" not in ds.extra and ds.y_train.tolist() == [2]
+    assert "x_unlabeled" not in ds.side and ds.y_train.tolist() == [2]
 
 
 # ----------------------------------------------------------------------------- FEMNIST
@@ -258,10 +258,10 @@ def test_femnist_leaf_json_and_writers(tmp_path):
     assert ds.y_test.tolist() == [7, 2, 3]
     expected = np.round(np.concatenate([a_tr, b_tr, c_tr]) * 255).astype(np.uint8)
     np.testing.assert_array_equal(ds.x_train.reshape(9, 784), expected)
-    assert ds.extra["writers"].tolist() == ["f0000_14", "f0001_41", "f0002_07"]
-    assert ds.extra["writer_train"].dtype == np.int32
-    assert ds.extra["writer_train"].tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 2]
-    assert ds.extra["writer_test"].tolist() == [0, 2, 2]
+    assert ds.side["writers"].tolist() == ["f0000_14", "f0001_41", "f0002_07"]
+    assert ds.side["writer_train"].dtype == np.int32
+    assert ds.side["writer_train"].tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 2]
+    assert ds.side["writer_test"].tolist() == [0, 2, 2]
 
 
 # ----------------------------------------------------------------------------- Chars74K Kannada
@@ -302,10 +302,10 @@ def test_kannada_crops(tmp_path):
     assert ds.x_train.shape == (125, 28, 28, 1) and ds.x_train.dtype == np.uint8
     assert ds.x_test.shape == (0, 28, 28, 1) and ds.y_test.shape == (0,)
     assert ds.num_classes == 12
-    assert ds.extra["files"].tolist() == sorted(written)
-    src = ds.extra["source"]
+    assert ds.side["files"].tolist() == sorted(written)
+    src = ds.side["source"]
     assert sorted(np.bincount(src, minlength=6).tolist()) == [20] * 1 + [21] * 5
-    np.testing.assert_array_equal(ds.y_train, [written[ds.extra["files"][i]] for i in src])
+    np.testing.assert_array_equal(ds.y_train, [written[ds.side["files"][i]] for i in src])
     x = ds.x_train[..., 0].astype(np.int64)
     # Every crop is a piece of the light ramp, the dark-background image's included (flipped):
     # identical rows, columns rising left to right.

@@ -63,13 +63,13 @@ def test_float_images_with_client_ids(tmp_path):
     np.testing.assert_array_equal(ds.x_train[..., 0], np.round(a["x_train"] * 255))
     assert ds.y_train.dtype == np.int32 and not ds.x_train.flags.writeable
     assert 0 < ds.mean[0] < 1 and 0 < ds.std[0] < 1
-    assert ds.extra["writers"].tolist() == list(range(100, 115))
-    np.testing.assert_array_equal(ds.extra["writers"][ds.extra["writer_train"]], a["client_train"])
-    np.testing.assert_array_equal(ds.extra["writers"][ds.extra["writer_test"]], a["client_test"])
+    assert ds.side["writers"].tolist() == list(range(100, 115))
+    np.testing.assert_array_equal(ds.side["writers"][ds.side["writer_train"]], a["client_train"])
+    np.testing.assert_array_equal(ds.side["writers"][ds.side["writer_test"]], a["client_test"])
     assert locate(name) == name[len("npz:") :]
     # dataset.fraction keeps each kept example's client id
     half = subsample(ds, 0.5, seed=0)
-    assert len(half.extra["writer_train"]) == len(half.y_train) < len(ds.y_train)
+    assert len(half.side["writer_train"]) == len(half.y_train) < len(ds.y_train)
     # The CNN (the default model) takes them as they are.
     make_model("cnn", ds.x_train.shape[1:], ds.num_classes, input_kind=ds.kind)
 
@@ -94,7 +94,7 @@ def test_feature_vectors(tmp_path):
     ds = load_dataset(write(tmp_path, **a))
     assert (ds.kind, ds.x_train.shape, ds.x_train.dtype) == ("features", (600, 64), np.float32)
     np.testing.assert_allclose(ds.x_test, a["x_test"], rtol=1e-6)
-    assert ds.extra == {}
+    assert ds.side == {}
     make_model("mlp", ds.x_train.shape[1:], ds.num_classes, input_kind=ds.kind)
     with pytest.raises(ValueError, match=r"model\.name='cnn'.*'features': mlp"):
         make_model("cnn", ds.x_train.shape[1:], ds.num_classes, input_kind=ds.kind)
@@ -132,7 +132,7 @@ def test_natural_partition_of_client_ids(tmp_path):
     ds = load_dataset(write(tmp_path, **a))
     p = build_partition(ds, num_clients=3, **PARTITION)
     # the 3 largest clients, largest first (ties by id): ids 0, 1, 2
-    assert ds.extra["writers"][p.assignments["writer"]].tolist() == [0, 1, 2]
+    assert ds.side["writers"][p.assignments["writer"]].tolist() == [0, 1, 2]
     for k, w in enumerate([0, 1, 2]):
         train = np.sort(np.concatenate([p.clients["labeled"][k], p.clients["unlabeled"][k]]))
         np.testing.assert_array_equal(train, np.flatnonzero(a["client_train"] == w))

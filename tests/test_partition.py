@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 
 from conftest import examples
 from fedjax_semi.data.partitions import (
+    PAPER_DEFAULTS,
     POOLED_FRACTIONS,
+    SCHEME_GROUP,
     Partition,
     apply_client_transforms,
     build_partition,
@@ -54,7 +56,14 @@ SYN = synthetic()
 
 
 def build(ds: ArrayDataset = SYN, **overrides) -> Partition:
-    return build_partition(ds, **{**DEFAULTS, **overrides})
+    """build_partition with DEFAULTS under `overrides`; a knob of the scheme's group (e.g.
+    min_classes with scheme=cofed: partition.cofed.min_classes) goes into that group."""
+    kw = {**DEFAULTS, **overrides}
+    group = SCHEME_GROUP.get(kw["scheme"])
+    own = {k: kw.pop(k) for k in list(kw) if group and k in PAPER_DEFAULTS[group]}
+    if own:
+        kw[group] = {**kw.get(group, {}), **own}
+    return build_partition(ds, **kw)
 
 
 def all_labels(ds: ArrayDataset) -> np.ndarray:
@@ -413,7 +422,7 @@ DOFED_SMALL = dict(train_per_class=20, target_per_class=20, target_labeled_fract
 SCHEME_KNOBS = {
     "subset": dict(DOFED_SMALL, test_per_class=5),
     "normal": dict(DOFED_SMALL, test_per_class=5),
-    "cofed": dict(samples_per_class=10, cofed_min_classes=3, cofed_max_classes=5),
+    "cofed": dict(samples_per_class=10, min_classes=3, max_classes=5),
     "cfsl": dict(split="pooled"),
     "ada": dict(labeled_fraction=0.2, val_fraction=0.2),
 }
@@ -427,7 +436,7 @@ def synthetic_coarse(per_fine: int = 100, per_fine_test: int = 20) -> ArrayDatas
     x_te = np.zeros((len(y_te), 1, 1, 1), np.uint8)
     return ArrayDataset(
         "synthetic_coarse", x_tr, y_tr, x_te, y_te, 20, (0.0,), (1.0,),
-        extra={"y_train_coarse": y_tr // 4, "y_test_coarse": y_te // 4},
+        side={"y_train_coarse": y_tr // 4, "y_test_coarse": y_te // 4},
     )  # fmt: skip
 
 
@@ -487,14 +496,15 @@ def labels_of(ds: ArrayDataset, idx: np.ndarray) -> np.ndarray:
 
 
 def test_paper_defaults_match_config():
-    from dataclasses import fields
+    from dataclasses import asdict
 
     from fedjax_semi.config import PartitionConfig
     from fedjax_semi.data.partitions import PAPER_DEFAULTS
 
-    cfg = {f.name: f.default for f in fields(PartitionConfig) if f.name != "file"}
-    for key, value in PAPER_DEFAULTS.items():
-        assert cfg[key] == value, key
+    cfg = asdict(PartitionConfig())
+    del cfg["file"]
+    for group, knobs in PAPER_DEFAULTS.items():
+        assert cfg[group] == knobs, group
     # Every PartitionConfig field is a build_partition keyword (experiment.make_partition).
     assert set(cfg) == set(DEFAULTS) - {"num_clients", "seed"} | set(PAPER_DEFAULTS)
 
@@ -605,7 +615,7 @@ def test_normal_fixed_total_is_the_default_and_matches_subset_totals():
     nor = build_paper("normal", num_clients=8, seed=3)
     for role in ("labeled", "target_labeled", "target_unlabeled"):
         np.testing.assert_array_equal(nor.counts()[role], sub.counts()[role])
-    old = build_paper("normal", num_clients=8, seed=3, normal_size_mode="per_class")
+    old = build_paper("normal", num_clients=8, seed=3, size_mode="per_class")
     assert not np.array_equal(old.counts()["labeled"], sub.counts()["labeled"])
 
 
@@ -619,7 +629,7 @@ def test_normal_fixed_total_is_the_default_and_matches_subset_totals():
 def test_normal_properties(num_clients, reject, size_mode, seed):
     ds = SYN_BIG
     p = build_paper(
-        "normal", num_clients=num_clients, normal_reject=reject, normal_size_mode=size_mode,
+        "normal", num_clients=num_clients, reject=reject, size_mode=size_mode,
         seed=seed,
     )  # fmt: skip
     check_paper_invariants(p, ds)
@@ -648,15 +658,15 @@ def test_normal_fixed_total_on_cifar100_sizes_names_per_class():
     """100 classes of 500 (CIFAR-100's train split): SUBSET's totals (20 classes' worth) on 2
     drawn classes need 2,000 target samples of a class; the error names the way out."""
     ds = synthetic(50_000, 10_000, num_classes=100)
-    knobs = dict(scheme="normal", num_clients=2, normal_max_classes=2)
-    with pytest.raises(ValueError, match=r"^partition\.target_per_class=200 .*normal_size_mode"):
+    knobs = dict(scheme="normal", num_clients=2, max_classes=2)
+    with pytest.raises(ValueError, match=r"^partition\.dofed\.target_per_class=200 .*size_mode"):
         build(ds, **knobs)
-    p = build(ds, **knobs, normal_size_mode="per_class")
+    p = build(ds, **knobs, size_mode="per_class")
     np.testing.assert_array_equal(p.counts()["target_unlabeled"], 2 * 190)
 
 
 def test_normal_on_fashion_mnist_and_overlap_modes(fmnist):
-    p = build(fmnist, scheme="normal", num_clients=25, seed=1, normal_size_mode="per_class")
+    p = build(fmnist, scheme="normal", num_clients=25, seed=1, size_mode="per_class")
     # The spec's per-class sizes exceed Fashion-MNIST's 6000 images per class: clients share
     # samples, but never within a client and, since classes are large, unlabeled samples stay
     # out of every labeled set.
@@ -665,10 +675,10 @@ def test_normal_on_fashion_mnist_and_overlap_modes(fmnist):
     unl = np.concatenate(p.clients["target_unlabeled"])
     assert not np.isin(unl, lab).any()
     assert p.meta["train_capped"] == 0
-    with pytest.raises(ValueError, match=r"^partition\.overlap='none'"):
+    with pytest.raises(ValueError, match=r"^partition\.dofed\.overlap='none'"):
         build(
             fmnist, scheme="normal", num_clients=25, seed=1, overlap="none",
-            normal_size_mode="per_class",
+            size_mode="per_class",
         )  # fmt: skip
 
 
@@ -676,7 +686,7 @@ def test_normal_target_has_priority_and_train_is_capped():
     ds = synthetic(200, 100)  # 20 train samples per class
     p = build(
         ds, scheme="normal", num_clients=8, train_per_class=20, target_per_class=10,
-        target_labeled_fraction=0.1, test_per_class=5, seed=0, normal_size_mode="per_class",
+        target_labeled_fraction=0.1, test_per_class=5, seed=0, size_mode="per_class",
     )  # fmt: skip
     check_paper_invariants(p, ds, cross_disjoint=False)
     tr_m, tg_m = p.assignments["train_classes"], p.assignments["target_classes"]
@@ -705,7 +715,7 @@ def test_cofed_properties(num_clients, variant, coarse, seed):
     ds = SYN_COARSE if coarse else SYN_BIG
     hi = 4 if coarse else 5
     p = build_paper(
-        "cofed", ds, num_clients=num_clients, cofed_variant=variant, cofed_max_classes=hi,
+        "cofed", ds, num_clients=num_clients, variant=variant, max_classes=hi,
         seed=seed,
     )  # fmt: skip
     check_paper_invariants(p, ds, cross_disjoint=False)  # tests are shared, as in the paper
@@ -745,7 +755,7 @@ def test_cofed_properties(num_clients, variant, coarse, seed):
 
 def test_cofed_on_fashion_mnist(fmnist):
     for variant in ("iid", "noniid"):
-        p = build(fmnist, scheme="cofed", num_clients=100, cofed_variant=variant)
+        p = build(fmnist, scheme="cofed", num_clients=100, variant=variant)
         check_paper_invariants(p, fmnist, cross_disjoint=False)
         assert p.meta["task_source"] == "fine"
         sizes = p.assignments["label_space"].sum(1)
@@ -755,9 +765,7 @@ def test_cofed_on_fashion_mnist(fmnist):
 
 
 def test_cofed_large_alpha_near_uniform_noniid():
-    p = build_paper(
-        "cofed", num_clients=10, cofed_variant="noniid", alpha=1e5, samples_per_class=200
-    )
+    p = build_paper("cofed", num_clients=10, variant="noniid", alpha=1e5, samples_per_class=200)
     y = all_labels(SYN_BIG)
     for k in range(10):
         counts = np.bincount(y[p.clients["labeled"][k]], minlength=10)
@@ -766,7 +774,7 @@ def test_cofed_large_alpha_near_uniform_noniid():
 
 
 def test_cofed_capacity_error():
-    with pytest.raises(ValueError, match=r"^partition\.samples_per_class=5000"):
+    with pytest.raises(ValueError, match=r"^partition\.cofed\.samples_per_class=5000"):
         build_paper("cofed", num_clients=10, samples_per_class=5000)
 
 
@@ -785,8 +793,8 @@ def test_cofed_capacity_error():
 def test_cfsl_properties(num_clients, num_edges, groups, transform, split, seed):
     ds = SYN
     p = build_paper(
-        "cfsl", ds, num_clients=num_clients, num_edges=num_edges, cfsl_clusters=groups,
-        cfsl_transform=transform, split=split, seed=seed,
+        "cfsl", ds, num_clients=num_clients, num_edges=num_edges, clusters=groups,
+        transform=transform, split=split, seed=seed,
     )  # fmt: skip
     check_paper_invariants(p, ds)
     n_tr, n_all = len(ds.y_train), len(ds.y_train) + len(ds.y_test)
@@ -846,7 +854,7 @@ def test_cfsl_on_fashion_mnist(fmnist):
 
 
 def test_cfsl_large_alpha_near_uniform():
-    p = build_paper("cfsl", SYN_BIG, cfsl_base="dirichlet", alpha=1e5, num_clients=10)
+    p = build_paper("cfsl", SYN_BIG, base="dirichlet", alpha=1e5, num_clients=10)
     y = all_labels(SYN_BIG)
     train = [
         np.concatenate(ab) for ab in zip(p.clients["labeled"], p.clients["unlabeled"], strict=True)
@@ -860,7 +868,7 @@ def test_apply_client_transforms():
     x = np.pad(x, ((0, 0), (0, 1), (0, 0), (0, 0)))  # 3x3 so that rot90 keeps the shape
     y = all_labels(ds)
     for transform in ("label_permutation", "rotation"):
-        p = build_paper("cfsl", ds, num_clients=8, cfsl_transform=transform, cfsl_clusters=2)
+        p = build_paper("cfsl", ds, num_clients=8, transform=transform, clusters=2)
         x2, y2 = apply_client_transforms(x, y, p)
         lm, rot = p.assignments["label_map"], p.assignments["rotation"]
         for r in p.clients:
@@ -887,7 +895,7 @@ def test_apply_client_transforms():
 def test_ada_properties(num_clients, variant, zeta, pool, seed):
     ds = SYN_BIG
     p = build_paper(
-        "ada", ds, num_clients=num_clients, ada_variant=variant, ada_zeta=zeta,
+        "ada", ds, num_clients=num_clients, variant=variant, zeta=zeta,
         server_unlabeled_size=pool, seed=seed,
     )  # fmt: skip
     check_paper_invariants(p, ds)
@@ -925,7 +933,7 @@ def test_ada_on_fashion_mnist(fmnist):
     dom = [(y[a] == m % 10).mean() for m, a in enumerate(p.clients["labeled"])]
     np.testing.assert_array_equal(dom, 0.5)  # spec §7 test 18: exactly round(zeta N_m)
     q = build(fmnist, scheme="ada", num_clients=20, labeled_fraction=0.2, val_fraction=0.2,
-              ada_variant="iid")  # fmt: skip
+              variant="iid")  # fmt: skip
     hist = np.stack([np.bincount(y[a], minlength=10) for a in q.clients["labeled"]])
     assert hist.min() > 30  # near uniform: 60 per class expected
 
@@ -1004,47 +1012,50 @@ def test_old_npz_without_assignments_loads(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "key"),
     [
-        ({"scheme": "subset", "n_clusters": 1}, "partition.n_clusters"),
-        ({"scheme": "subset", "n_clusters": 11}, "partition.n_clusters"),
-        ({"scheme": "subset", "assignment": "greedy"}, "partition.assignment"),
-        ({"scheme": "subset", "train_per_class": 0}, "partition.train_per_class"),
-        ({"scheme": "subset", "target_per_class": 2.5}, "partition.target_per_class"),
-        ({"scheme": "subset", "target_labeled_fraction": 0.0}, "partition.target_labeled_fraction"),
-        ({"scheme": "subset", "test_per_class": 0}, "partition.test_per_class"),
-        ({"scheme": "subset", "overlap": "some"}, "partition.overlap"),
+        ({"scheme": "subset", "n_clusters": 1}, "partition.dofed.n_clusters"),
+        ({"scheme": "subset", "n_clusters": 11}, "partition.dofed.n_clusters"),
+        ({"scheme": "subset", "assignment": "greedy"}, "partition.dofed.assignment"),
+        ({"scheme": "subset", "train_per_class": 0}, "partition.dofed.train_per_class"),
+        ({"scheme": "subset", "target_per_class": 2.5}, "partition.dofed.target_per_class"),
+        (
+            {"scheme": "subset", "target_labeled_fraction": 0.0},
+            "partition.dofed.target_labeled_fraction",
+        ),
+        ({"scheme": "subset", "test_per_class": 0}, "partition.dofed.test_per_class"),
+        ({"scheme": "subset", "overlap": "some"}, "partition.dofed.overlap"),
         ({"scheme": "subset", "split": "pooled"}, "partition.split"),
         ({"scheme": "subset", "val_fraction": 0.1}, "partition.val_fraction"),
-        ({"scheme": "normal", "normal_max_classes": 1}, "partition.normal_max_classes"),
+        ({"scheme": "normal", "max_classes": 1}, "partition.dofed.max_classes"),
         (
-            {"scheme": "normal", "normal_min_classes": 11, "normal_max_classes": 12},
-            "partition.normal_min_classes",
+            {"scheme": "normal", "min_classes": 11, "max_classes": 12},
+            "partition.dofed.min_classes",
         ),
-        ({"scheme": "normal", "normal_reject": "never"}, "partition.normal_reject"),
-        ({"scheme": "normal", "normal_size_mode": "total"}, "partition.normal_size_mode"),
-        ({"scheme": "subset", "assignment": "evenly"}, "partition.assignment"),
-        ({"scheme": "cofed", "cofed_variant": "niid"}, "partition.cofed_variant"),
+        ({"scheme": "normal", "reject": "never"}, "partition.dofed.reject"),
+        ({"scheme": "normal", "size_mode": "total"}, "partition.dofed.size_mode"),
+        ({"scheme": "subset", "assignment": "evenly"}, "partition.dofed.assignment"),
+        ({"scheme": "cofed", "variant": "niid"}, "partition.cofed.variant"),
         (
-            {"scheme": "cofed", "cofed_min_classes": 11, "cofed_max_classes": 12},
-            "partition.cofed_min_classes",
+            {"scheme": "cofed", "min_classes": 11, "max_classes": 12},
+            "partition.cofed.min_classes",
         ),
-        ({"scheme": "cofed", "cofed_max_classes": 5}, "partition.cofed_max_classes"),
-        ({"scheme": "cofed", "samples_per_class": 0}, "partition.samples_per_class"),
-        ({"scheme": "cofed", "cofed_max_subclasses": 0}, "partition.cofed_max_subclasses"),
-        ({"scheme": "cofed", "public_fraction": 1.0}, "partition.public_fraction"),
-        ({"scheme": "cfsl", "num_edges": 0}, "partition.num_edges"),
-        ({"scheme": "cfsl", "num_edges": 11}, "partition.num_edges"),
-        ({"scheme": "cfsl", "cfsl_clusters": 0}, "partition.cfsl_clusters"),
+        ({"scheme": "cofed", "max_classes": 5}, "partition.cofed.max_classes"),
+        ({"scheme": "cofed", "samples_per_class": 0}, "partition.cofed.samples_per_class"),
+        ({"scheme": "cofed", "max_subclasses": 0}, "partition.cofed.max_subclasses"),
+        ({"scheme": "cofed", "public_fraction": 1.0}, "partition.cofed.public_fraction"),
+        ({"scheme": "cfsl", "num_edges": 0}, "partition.cfsl.num_edges"),
+        ({"scheme": "cfsl", "num_edges": 11}, "partition.cfsl.num_edges"),
+        ({"scheme": "cfsl", "clusters": 0}, "partition.cfsl.clusters"),
         (
-            {"scheme": "cfsl", "cfsl_transform": "rotation", "cfsl_clusters": 5},
-            "partition.cfsl_clusters",
+            {"scheme": "cfsl", "transform": "rotation", "clusters": 5},
+            "partition.cfsl.clusters",
         ),  # fmt: skip
-        ({"scheme": "cfsl", "cfsl_transform": "flip"}, "partition.cfsl_transform"),
-        ({"scheme": "cfsl", "cfsl_base": "cfsl"}, "partition.cfsl_base"),
-        ({"scheme": "cfsl", "local_test_fraction": -0.1}, "partition.local_test_fraction"),
-        ({"scheme": "ada", "ada_variant": "mixed"}, "partition.ada_variant"),
-        ({"scheme": "ada", "ada_zeta": 1.5}, "partition.ada_zeta"),
-        ({"scheme": "ada", "server_unlabeled_size": -1}, "partition.server_unlabeled_size"),
-        ({"scheme": "ada", "server_unlabeled_size": 1801}, "partition.server_unlabeled_size"),
+        ({"scheme": "cfsl", "transform": "flip"}, "partition.cfsl.transform"),
+        ({"scheme": "cfsl", "base": "cfsl"}, "partition.cfsl.base"),
+        ({"scheme": "cfsl", "local_test_fraction": -0.1}, "partition.cfsl.local_test_fraction"),
+        ({"scheme": "ada", "variant": "mixed"}, "partition.ada.variant"),
+        ({"scheme": "ada", "zeta": 1.5}, "partition.ada.zeta"),
+        ({"scheme": "ada", "server_unlabeled_size": -1}, "partition.ada.server_unlabeled_size"),
+        ({"scheme": "ada", "server_unlabeled_size": 1801}, "partition.ada.server_unlabeled_size"),
         ({"scheme": "ada", "val_fraction": 0.0}, "partition.val_fraction"),
         ({"scheme": "ada", "labeled_fraction": 0.001}, "partition.labeled_fraction"),
         ({"scheme": "iid", "bogus_knob": 1}, "partition.bogus_knob"),
@@ -1056,15 +1067,16 @@ def test_paper_bad_arguments(overrides, key):
         build(**{**defaults, **overrides})
     msg = str(info.value)
     assert msg.startswith(key + "="), msg
-    value = overrides[key.split(".")[1]]
+    value = overrides[key.split(".")[-1]]
     assert repr(value) in msg
 
 
 def test_config_validate_checks_paper_knobs():
     from fedjax_semi.config import ConfigError, PartitionConfig, check_partition
+    from fedjax_semi.config_groups import AdaPartition
 
     check_partition(PartitionConfig(scheme="cfsl"))
-    with pytest.raises(ConfigError, match=r"^partition\.ada_zeta=2\.0"):
-        check_partition(PartitionConfig(scheme="ada", ada_zeta=2.0))
+    with pytest.raises(ConfigError, match=r"^partition\.ada\.zeta=2\.0"):
+        check_partition(PartitionConfig(scheme="ada", ada=AdaPartition(zeta=2.0)))
     with pytest.raises(ConfigError, match=r"^partition\.scheme='zipf'"):
         check_partition(PartitionConfig(scheme="zipf"))

@@ -162,8 +162,8 @@ def test_paper_partitions_run_end_to_end(partition, tmp_path):
         f"partition={partition}",
         "rounds=1",
         "partition.min_client_size=5",
-        *(["partition.train_per_class=20", "partition.target_per_class=10",
-           "partition.test_per_class=5"] if partition == "subset" else []),
+        *(["partition.dofed.train_per_class=20", "partition.dofed.target_per_class=10",
+           "partition.dofed.test_per_class=5"] if partition == "subset" else []),
         *(["num_clients=6", "clients_per_round=2"] if partition == "cfsl" else []),
     )  # fmt: skip
     exp = experiment.build(cfg)

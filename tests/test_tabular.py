@@ -60,7 +60,7 @@ def test_load_adult_encoding_by_hand(tmp_path: Path) -> None:
     assert ds.y_train.dtype == np.int32
     np.testing.assert_array_equal(ds.y_train, [0, 0, 0, 1])
     np.testing.assert_array_equal(ds.y_test, [0, 1])  # "." stripped, comment line skipped
-    names = ds.extra["feature_names"]
+    names = ds.side["feature_names"]
     assert names == [
         "age",
         "workclass=?",  # "?" is a category of its own ("?" sorts before letters)

@@ -90,7 +90,7 @@ def test_load_dbpedia_csv_with_quotes_and_commas(tmp_path: Path) -> None:
     np.testing.assert_array_equal(ds.y_test, [2])
     # Counts over train only: cat 4, abbott 3, then striped, the, zebra 2 each -> the 4 most
     # frequent words, ties alphabetical (zebra is cut).
-    vocab = ds.extra["vocab"]
+    vocab = ds.side["vocab"]
     assert vocab == [PAD, UNK, "cat", "abbott", "striped", "the"]
     assert ds.vocab_size == len(vocab) == 6
     assert ds.mean == (0.0,) and ds.std == (1.0,)
@@ -108,7 +108,7 @@ def test_load_ag_news_files_directly_in_dir(tmp_path: Path) -> None:
     assert ds.name == "ag_news" and ds.num_classes == 4
     np.testing.assert_array_equal(ds.y_train, [3, 0])
     assert ds.x_train.shape == (2, 3)
-    words = [ds.extra["vocab"][i] for i in ds.x_train[0]]
+    words = [ds.side["vocab"][i] for i in ds.x_train[0]]
     assert words == ["wall", "st", "stocks"]
 
 
@@ -136,11 +136,11 @@ def test_load_imdb_folder_layout(tmp_path: Path) -> None:
     assert ds.name == "imdb" and ds.num_classes == 2 and ds.kind == "tokens"
     np.testing.assert_array_equal(ds.y_train, [0, 1, 1])  # neg first, then sorted pos
     np.testing.assert_array_equal(ds.y_test, [0, 1])
-    vocab = ds.extra["vocab"]
+    vocab = ds.side["vocab"]
     decoded = [[vocab[i] for i in row if i] for row in ds.x_train]
     # "<br />" stripped; pos files sorted by name: 0_10.txt before 1_9.txt.
     assert decoded == [["awful", "boring"], ["great"], ["great", "film", "loved", "it"]]
-    assert ds.extra["x_unlabeled"].shape == (1, 4)
+    assert ds.side["x_unlabeled"].shape == (1, 4)
     # The aclImdb folder itself is accepted too.
     again = load_imdb(str(tmp_path / "aclImdb"), vocab_size=50, seq_len=4)
     np.testing.assert_array_equal(again.x_train, ds.x_train)

@@ -172,6 +172,14 @@ def main() -> None:
 
     if not (CONF_DIR / "config.yaml").exists():
         _fail(f"no Hydra configs at {CONF_DIR}; set FEDJAX_SEMI_CONF to the repo's conf/ folder")
+    from fedjax_semi.config_groups import check_moved_override
+    from fedjax_semi.errors import ConfigError
+
+    try:  # a flat key of before the paper groups: where it moved, before Hydra makes a directory
+        for arg in sys.argv[1:]:
+            check_moved_override(arg)
+    except ConfigError as e:
+        _fail(str(e))
     try:  # reads the registry: the methods of other installed packages load here
         register_configs()
     except PluginError as e:

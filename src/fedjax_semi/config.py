@@ -14,11 +14,18 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedjax_semi.config_groups import (
+    AdaPartition,
+    CfslPartition,
+    CofedPartition,
+    DofedPartition,
+    HwnSystems,
+    Tx2Systems,
+    WirelessSystems,
+)
 from fedjax_semi.engine.clients import COHORT_SAMPLERS
 from fedjax_semi.engine.train import optimizer_names
 from fedjax_semi.errors import ConfigError, bad
-from fedjax_semi.systems.hwn_check import WIRELESS_MODES, check_hwn, check_range
-from fedjax_semi.systems.tx2_check import check_tx2
 
 BASELINE_TRAIN_DATA = ("train_and_lab", "train")
 
@@ -116,50 +123,11 @@ class PartitionConfig:
     split: str = "official"  # official | pooled (70/10/20 of train+test; cfsl: per-worker split)
     val_fraction: float = 0.0  # ada: share of the test split forming server_val
     min_client_size: int = 10
-    # --- DoFed-SPP (Sec. 6.1, "Data Distributions"; subset | normal). [paper]: its value; else ours
-    n_clusters: int = 5  # SUBSET clusters Kc (the paper's CIFAR-10 example); fixed_total: Q // Kc
-    # SUBSET (train, target) cluster pairs: even (train and target clusters both spread evenly)
-    # | balanced (even train, uniform target) | random (ours)
-    assignment: str = "even"
-    train_per_class: int = 500  # per class of the train set ([paper]: 500 C / Kc; ours)
-    target_per_class: int = 200  # per target class, 10 labeled + 190 ([paper]: 200 C / Kc; ours)
-    target_labeled_fraction: float = 0.05  # labeled share of the target set (10:190) [paper]
-    test_per_class: int = 100  # test samples per target class (the paper defines no test set)
-    normal_min_classes: int = 2  # NORMAL: k_tr, k_tg ~ U{min..max}, capped at Q [paper]
-    normal_max_classes: int = 10
-    normal_reject: str = "identical"  # NORMAL redraw: identical | subset (also target ⊆ train)
-    normal_size_mode: str = "fixed_total"  # NORMAL sizes: fixed_total (SUBSET's) | per_class
-    overlap: str = "allow"  # samples shared across clients: allow (only when short) | none
-    # --- CoFED (Cao et al., its Sec. 5.2: CIFAR-100 superclasses as tasks; scheme cofed)
-    cofed_variant: str = "iid"  # iid | noniid (1..cofed_max_subclasses subclasses) | writers
-    cofed_min_classes: int = 6  # tasks per participant ~ U{min..max} (paper: 6 to 8; U: ours)
-    cofed_max_classes: int = 8
-    samples_per_class: int = 50  # private training samples per owned task (the paper's)
-    cofed_max_subclasses: int = 2  # non-IID: subclasses per (participant, task) ~ U{1..max}
-    # Held-out share of the train split = the server's public set (the paper uses CIFAR-10's
-    # train set, see dataset.server_pool; docs/deviations.md, Partitions).
-    public_fraction: float = 0.2
-    # cofed_variant=writers (its Sec. 5.3, FEMNIST): the num_clients writers with the most samples
-    # are the participants, each with a random cofed_train_share of its samples as D_i (0.4, the
-    # paper's) and the rest as its test set; Y_i = the classes of D_i (present) or all classes
-    # (all: our choice; test rows outside Y_i are dropped with present). Same value as
-    # algorithm.label_space for CoFED.
-    cofed_train_share: float = 0.4
-    cofed_label_space: str = "present"
-    # --- CFSL (Hamood et al., its Sec. VII-A and Table II; scheme cfsl)
-    num_edges: int = 3  # edge servers J (Table II); workers joined at random, balanced (ours)
-    cfsl_clusters: int = 2  # latent worker groups (cluster structure to recover)
-    # Per-group transform: label_permutation (group 0 identity, others derangements) | rotation
-    # (group g: (4 g) // cfsl_clusters quarter turns) | none (the paper's own setup).
-    cfsl_transform: str = "label_permutation"
-    cfsl_base: str = "shards"  # worker data: shards (classes_per_client) | iid | dirichlet
-    local_test_fraction: float = 0.2  # split=pooled: per-worker local test share (80/20)
-    # --- Ada-FedSemi (Xu et al., its Sec. 5.2; scheme ada)
-    ada_variant: str = "noniid"  # iid | noniid (non-IID-zeta, dominant class m mod Q)
-    ada_zeta: float = 0.5  # dominant-class share per client (the paper's: 0.5 / 0.6 / 0.75)
-    server_unlabeled_size: int = 0  # random subset size of the server pool (0 = all the rest)
-    server_unlabeled_extra: bool = False  # the pool also draws on SVHN extra / STL-10 unlabeled
-    server_unlabeled_fraction: float = 1.0  # share of the pool kept (Fig. 13), nested subsets
+    # Each paper scheme's own knobs, in a group of its own (config_groups.py says what each is).
+    dofed: DofedPartition = field(default_factory=DofedPartition)  # subset | normal
+    cofed: CofedPartition = field(default_factory=CofedPartition)
+    cfsl: CfslPartition = field(default_factory=CfslPartition)
+    ada: AdaPartition = field(default_factory=AdaPartition)
     file: str | None = None  # load a saved partition (.npz) instead of drawing one
     # Validation split for tuning (fedjax-semi-tune): > 0 holds this share of every client's
     # training rows out, by class, and evaluates on them IN PLACE of the test split (the
@@ -221,69 +189,10 @@ class SystemsConfig:
     """
 
     name: str = "wireless"
-    # Uplink rates: empirical (r_i ~ U[wireless_rate_mbps] MB/s per upload) | shannon (Eq. 8).
-    wireless_mode: str = "empirical"
-    wireless_rate_mbps: list[float] = field(default_factory=lambda: [2.0, 10.0])
-    wireless_bandwidth_hz: float = 10e6  # shannon: b
-    wireless_power_w: float = 0.2  # shannon: p
-    wireless_noise_dbm_hz: float = -174.0  # shannon: N0
-    wireless_distance_km: list[float] = field(default_factory=lambda: [0.05, 0.5])  # per client
-    # Compute: seconds per training sample per epoch and per inference sample (placeholders: the
-    # paper timed an RTX 3090; docs/choices.md: DoFed-SPP, compute time).
-    time_sec_per_train_sample: float = 2e-4
-    time_sec_per_infer_sample: float = 5e-5
-    # CFSL's hierarchical wireless network (Hamood et al., Eqs. 7-16 and 21; read by
-    # systems/hwn.py, `systems=hwn`). Table II: bandwidth, noise (N0, total over the band), power
-    # range (dBm, drawn per worker), CPU range, cycles per sample; Sec. VII-A: path-loss exponent,
-    # g0, d0. Our fills (the paper gives none): distance range, effective capacitance, backhaul
-    # rate, edge power, fading (rayleigh | none) and the bandwidth share (dedicated = 1/I |
-    # share_selected = 1/|selected|).
-    hwn_bandwidth_hz: float = 10e6
-    hwn_noise_w: float = 1e-8
-    hwn_power_dbm: list[float] = field(default_factory=lambda: [-10.0, 20.0])
-    hwn_cpu_hz: list[float] = field(default_factory=lambda: [1e9, 9e9])
-    hwn_cycles_per_sample: float = 20.0
-    hwn_path_loss_exp: float = 4.0
-    hwn_g0_db: float = -35.0
-    hwn_d0_m: float = 2.0
-    hwn_dist_m: list[float] = field(default_factory=lambda: [2.0, 20.0])
-    hwn_capacitance: float = 1e-28
-    hwn_backhaul_bps: float = 1e8
-    hwn_edge_power_w: float = 1.0
-    hwn_fading: str = "rayleigh"
-    hwn_bandwidth_share: str = "dedicated"
-    # Ada-FedSemi's heterogeneous Jetson TX2 clients (Sec. 5.8, Table 8; `systems=tx2`, read by
-    # systems/tx2.py, which says what each constant is; calibrated in docs/choices.md).
-    tx2_speeds: list[float] = field(default_factory=lambda: [1.0, 0.5, 0.75, 0.8, 0.7])
-    tx2_mode_period: int = 20
-    tx2_group_shares: list[float] = field(default_factory=lambda: [0.5, 0.25, 0.25])
-    tx2_group_bw_mbps: list[float] = field(default_factory=lambda: [4.5, 1.5, 0.75])
-    tx2_bw_sigma: float = 0.3
-    tx2_overhead_s: float = 5.0
-    tx2_compute_full_s: float = 15.0
-
-    def __post_init__(self) -> None:
-        if self.wireless_mode not in WIRELESS_MODES:
-            raise bad("systems.wireless_mode", self.wireless_mode, f"one of {list(WIRELESS_MODES)}")
-        check_range("systems.wireless_rate_mbps", self.wireless_rate_mbps)
-        check_range("systems.wireless_distance_km", self.wireless_distance_km)
-        for key, value in (
-            ("wireless_bandwidth_hz", self.wireless_bandwidth_hz),
-            ("wireless_power_w", self.wireless_power_w),
-        ):
-            if not value > 0:
-                raise bad(f"systems.{key}", value, "a number > 0")
-        for key, value in (
-            ("time_sec_per_train_sample", self.time_sec_per_train_sample),
-            ("time_sec_per_infer_sample", self.time_sec_per_infer_sample),
-        ):
-            if not value >= 0:
-                raise bad(f"systems.{key}", value, "seconds >= 0")
-        self._check_hwn()
-        check_tx2({k[4:]: v for k, v in dataclasses.asdict(self).items() if k.startswith("tx2_")})
-
-    def _check_hwn(self) -> None:
-        check_hwn({k[4:]: v for k, v in dataclasses.asdict(self).items() if k.startswith("hwn_")})
+    # Each clock's constants, in a group of its own (config_groups.py says what each is).
+    wireless: WirelessSystems = field(default_factory=WirelessSystems)  # DoFed-SPP's
+    hwn: HwnSystems = field(default_factory=HwnSystems)  # CFSL's, systems=hwn
+    tx2: Tx2Systems = field(default_factory=Tx2Systems)  # Ada-FedSemi's TX2s, systems=tx2
 
 
 @dataclass
@@ -386,7 +295,7 @@ def check_partition(p: PartitionConfig) -> None:
     if not 0 <= p.val_fraction < 1:
         raise bad("partition.val_fraction", p.val_fraction, "a number in [0, 1)")
     try:
-        check_knobs(p.scheme, {k: getattr(p, k) for k in PAPER_DEFAULTS})
+        check_knobs(p.scheme, {g: dataclasses.asdict(getattr(p, g)) for g in PAPER_DEFAULTS})
         check_holdout(p.scheme, p.holdout, p.split, p.val_fraction)
     except ValueError as e:
         raise ConfigError(str(e)) from None
@@ -452,12 +361,12 @@ def validate(cfg: Config) -> None:
             raise bad(key, getattr(cfg, key), "an integer >= 1")
     check_partition(p)
     space = getattr(cfg.algorithm, "label_space", None)  # CoFED's Y_i
-    writers = p.scheme == "cofed" and p.cofed_variant == "writers"
-    if writers and space is not None and space != p.cofed_label_space:
+    writers = p.scheme == "cofed" and p.cofed.variant == "writers"
+    if writers and space is not None and space != p.cofed.label_space:
         raise bad(
             "algorithm.label_space",
             space,
-            f"{p.cofed_label_space!r} as partition.cofed_label_space (the label spaces the "
+            f"{p.cofed.label_space!r} as partition.cofed.label_space (the label spaces the "
             "participants train in and the test rows they keep must agree)",
         )
     chunk = parse_chunk("hardware.chunk", h.chunk, auto=True)

@@ -86,7 +86,7 @@ def make_partition(cfg: Config, ds: ArrayDataset) -> Partition:
     p = cfg.partition
     if p.file:
         return load_partition_file(p.file, ds, cfg.num_clients, p.holdout)
-    knobs = {k: v for k, v in dataclasses.asdict(p).items() if k != "file"}
+    knobs = {k: v for k, v in dataclasses.asdict(p).items() if k != "file"}  # groups as dicts
     return build_partition(ds, num_clients=cfg.num_clients, seed=data_seed(cfg), **knobs)
 
 
@@ -179,13 +179,13 @@ def server_pool(
         )
     other = load_dataset(d.server_pool, d.server_pool_dir)
     x, y = other.x_train, other.y_train
-    if "x_unlabeled" in other.extra:  # STL-10: its unlabeled split is the pool (Sec. 5.6: 100k)
+    if "x_unlabeled" in other.side:  # STL-10: its unlabeled split is the pool (Sec. 5.6: 100k)
         if d.server_pool_labels:
             raise bad(
                 "dataset.server_pool_labels", True, f"false for {d.server_pool} (unlabeled rows)"
             )
-        x = other.extra["x_unlabeled"]  # a memory map: only the rows kept below are read
-    fraction = cfg.partition.server_unlabeled_fraction if scheme == "ada" else 1.0
+        x = other.side["x_unlabeled"]  # a memory map: only the rows kept below are read
+    fraction = cfg.partition.ada.server_unlabeled_fraction if scheme == "ada" else 1.0
     if d.server_pool_size or fraction < 1:
         rng = np.random.default_rng([data_seed(cfg), 7])
         size = min(d.server_pool_size or len(x), len(x))
@@ -203,9 +203,9 @@ def server_pool(
 
 def own_pool(ds: ArrayDataset, part: Partition) -> tuple[dict, dict]:
     """({"server_unlabeled": inputs}, {"server_unlabeled": hidden labels}) when the ada pool
-    draws on the dataset's own unlabeled split (partition.server_unlabeled_extra): the pool's
-    rows, train rows and unlabeled-split rows alike, gathered in index order (only those rows of
-    a memory-mapped split are read) and resized to the train images' shape. The labels (-1
+    draws on the dataset's own unlabeled split (partition.ada.server_unlabeled_extra): the
+    pool's rows, train rows and unlabeled-split rows alike, gathered in index order (only those
+    rows of a memory-mapped split are read) and resized to the train images' shape. The labels (-1
     where the split has none) reach evaluation only (pl_acc). Both empty otherwise."""
     n_base = len(ds.x_train) + len(ds.x_test)
     idx = part.server.get("server_unlabeled", np.zeros(0, np.int64))
@@ -242,17 +242,17 @@ def check_pool(cfg: Config, fed: FederatedData) -> None:
     if cfg.partition.scheme != "ada" or fed.server["server_unlabeled"].shape[0] > 0:
         return
     p = cfg.partition
-    if p.server_unlabeled_fraction < 1:
+    if p.ada.server_unlabeled_fraction < 1:
         raise bad(
-            "partition.server_unlabeled_fraction",
-            p.server_unlabeled_fraction,
+            "partition.ada.server_unlabeled_fraction",
+            p.ada.server_unlabeled_fraction,
             "a share that keeps at least one sample of the server's unlabeled pool",
         )
     raise bad(
         "partition.labeled_fraction",
         p.labeled_fraction,
         "a share that leaves train samples for the server's unlabeled pool, or set "
-        "partition.server_unlabeled_extra=true where the dataset has an unlabeled split",
+        "partition.ada.server_unlabeled_extra=true where the dataset has an unlabeled split",
     )
 
 
@@ -291,9 +291,9 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
     if cfg.hardware.distributed:
         distributed.initialize()
     d = cfg.dataset
-    if d.server_pool and cfg.partition.scheme == "ada" and cfg.partition.server_unlabeled_extra:
+    if d.server_pool and cfg.partition.scheme == "ada" and cfg.partition.ada.server_unlabeled_extra:
         raise bad(
-            "partition.server_unlabeled_extra",
+            "partition.ada.server_unlabeled_extra",
             True,
             "false with dataset.server_pool (the second dataset's images are the whole pool)",
         )

@@ -7,6 +7,11 @@ of `algorithm` options stays the methods.) Every registered method, built-in or 
 an option of its name in the `algorithm` group, found on Hydra's config search path (a plugin's
 YAML comes through `hydra.searchpath` or its own SearchPathPlugin), and every option names a
 registered method: `check_algorithm_options`.
+
+The `partition` and `systems` schemas take unknown keys at composition (their paper groups,
+`partition.cofed` etc., do not), so `as_config` can answer a flat key of before the groups,
+from the command line or a YAML, with one line naming its new place (config_groups.MOVED_KEYS)
+rather than Hydra's report; any other unknown key there is refused by `as_config` too.
 """
 
 from __future__ import annotations
@@ -26,7 +31,11 @@ from fedjax_semi.config import (
     PartitionConfig,
     SystemsConfig,
 )
+from fedjax_semi.config_groups import check_group_keys
 from fedjax_semi.errors import ConfigError
+
+# The groups whose schema takes unknown keys at composition, for `as_config` to answer.
+OPEN_GROUPS = {"partition": PartitionConfig, "systems": SystemsConfig}
 
 
 def _first_set(value: Any, default: Any) -> Any:
@@ -40,25 +49,44 @@ def register_configs() -> None:
     if not OmegaConf.has_resolver("fedjax.or"):
         OmegaConf.register_new_resolver("fedjax.or", _first_set)
     cs = ConfigStore.instance()
-    cs.store(name="base_config", node=Config)
+    root = OmegaConf.structured(Config)
+    for group in OPEN_GROUPS:
+        _open(root[group])
+    cs.store(name="base_config", node=root)
     for group, node in [
         ("dataset", DatasetConfig),
-        ("partition", PartitionConfig),
+        ("partition", _open(OmegaConf.structured(PartitionConfig))),
         ("model", ModelConfig),
         ("hardware", HardwareConfig),
-        ("systems", SystemsConfig),
+        ("systems", _open(OmegaConf.structured(SystemsConfig))),
     ]:
         cs.store(group=group, name=f"base_{group}", node=node)
     for name, node in ALGORITHM_CONFIGS.items():
         cs.store(group="schema/algorithm", name=name, node=node)
 
 
+def _open(node: Any) -> Any:
+    """The node takes unknown keys (its own level only: its nested groups stay strict)."""
+    from omegaconf import OmegaConf
+
+    OmegaConf.set_struct(node, False)
+    for key in node:
+        if OmegaConf.is_dict(node[key]):
+            OmegaConf.set_struct(node[key], True)
+    return node
+
+
 def as_config(cfg: Any) -> Config:
     """An OmegaConf node (or Config) as a plain `Config` of dataclasses. Building the dataclasses
-    runs each group's `__post_init__` checks (a `ConfigError` naming the key)."""
+    runs each group's `__post_init__` checks (a `ConfigError` naming the key). A key of
+    `partition` or `systems` that is none of theirs (an old flat key: where it moved) is a
+    `ConfigError` first."""
     if not isinstance(cfg, Config):
         from omegaconf import OmegaConf
 
+        for group, cls in OPEN_GROUPS.items():
+            if group in cfg:
+                check_group_keys(cfg[group], group, cls)
         obj = OmegaConf.to_object(cfg)
         if not isinstance(obj, Config):  # composed without the base_config schema
             raise TypeError(f"expected a config composed on base_config, got {type(obj).__name__}")

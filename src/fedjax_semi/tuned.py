@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from fedjax_semi.config_groups import MOVED_KEYS, moved_message
 from fedjax_semi.errors import ConfigError
 
 __all__ = ["apply_tuned", "finished_summary", "given_keys", "record_tuned", "run_complete"]
@@ -87,6 +88,9 @@ def apply_tuned(cfg: Any, choices: Mapping[str, Any], given: set[str]) -> dict[s
     applied: dict[str, Any] = {}
     source: dict[str, int] = {}
     for i, (where, values) in enumerate(_entries(cfg.get("tuned"))):
+        for key in [*where, *values]:  # a flat key of before the paper groups
+            if key in MOVED_KEYS:
+                raise ConfigError(f"tuned[{i}]: {moved_message(key)}")
         found = {k: _value(cfg, choices, k) for k in where}
         missing = [k for k, v in found.items() if v is _ABSENT]
         if missing:

@@ -90,7 +90,7 @@ class CoFEDConfig(AlgorithmConfig):
     # 6's sweep); 0 = the whole public set. Participants label every row regardless.
     public_size: int = 0
     # Y_i: the classes among the participant's private labels (present; the CIFAR setup draws
-    # them) or all K classes for everyone (all: ours for FEMNIST, partition.cofed_label_space).
+    # them) or all K classes for everyone (all: ours for FEMNIST, partition.cofed.label_space).
     label_space: str = "present"
 
     def __post_init__(self) -> None:
@@ -208,7 +208,7 @@ class CoFED(Method):
         public = fed.server.get("public")
         if public is None or public.shape[0] == 0:
             raise bad(
-                "partition.public_fraction",
+                "partition.cofed.public_fraction",
                 "(0 public rows)",
                 "a share that leaves CoFED a public set (partition=cofed), or dataset.server_pool",
             )

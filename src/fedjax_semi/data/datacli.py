@@ -85,11 +85,11 @@ def cmd_check(name: str, data_dir: str | None) -> int:
     print(f"std:  {[round(s, 4) for s in ds.std]}")
     if ds.vocab_size is not None:
         print(f"vocab_size: {ds.vocab_size}")
-    for key, value in ds.extra.items():
+    for key, value in ds.side.items():
         if isinstance(value, np.ndarray):
-            print(f"extra[{key!r}]: {value.dtype} {list(value.shape)}")
+            print(f"side[{key!r}]: {value.dtype} {list(value.shape)}")
         else:
-            print(f"extra[{key!r}]: {type(value).__name__}")
+            print(f"side[{key!r}]: {type(value).__name__}")
     return 0
 
 

@@ -45,9 +45,14 @@ class ArrayDataset:
     # "features" (float32 [N,D]).
     kind: str = "image"
     vocab_size: int | None = None  # tokens: size of the vocabulary (ids < vocab_size)
-    # Extra per-sample or per-dataset arrays, e.g. "y_train_coarse" (CIFAR-100 superclasses),
-    # "writer_train" (FEMNIST writer id per sample), "x_unlabeled" (STL-10).
-    extra: dict = dataclasses.field(default_factory=dict)
+    # Side arrays beside the train/test split, by name: other splits of the dataset
+    # ("x_unlabeled" STL-10's and IMDB's unlabeled split, "x_extra"/"y_extra" SVHN's extra
+    # split), per-example ids ("writer_train"/"writer_test" int32 [N]/[M], each example's index
+    # into "writers" str [W]: FEMNIST's writers), per-example coarse labels ("y_train_coarse"/
+    # "y_test_coarse" int32 [N]/[M]: CIFAR-100's superclasses) and per-dataset names ("vocab",
+    # "feature_names", Kannada's "files"/"source"). Not fed to the models as such; the
+    # partitions and the server pools read them.
+    side: dict = dataclasses.field(default_factory=dict)
 
 
 class DatasetNotFoundError(FileNotFoundError):

@@ -64,7 +64,7 @@ def make_image_dataset(
     x_test: np.ndarray,
     y_test: np.ndarray,
     num_classes: int,
-    extra: dict[str, Any] | None = None,
+    side: dict[str, Any] | None = None,
 ) -> ArrayDataset:
     """The read-only image dataset of checked ``uint8 [N, H, W, C]`` images and ``int`` labels
     in ``[0, num_classes)``, with exact per-channel statistics of ``x_train / 255``."""
@@ -77,11 +77,11 @@ def make_image_dataset(
             raise ValueError(f"{name}/{split}: labels outside [0, {num_classes})")
     mean, std = _channel_stats(x_train)
     arrays = [np.ascontiguousarray(a) for a in (x_train, y_train, x_test, y_test)]
-    extra = dict(extra or {})
-    for a in [*arrays, *(v for v in extra.values() if isinstance(v, np.ndarray))]:
+    side = dict(side or {})
+    for a in [*arrays, *(v for v in side.values() if isinstance(v, np.ndarray))]:
         if a.flags.writeable:
             a.setflags(write=False)  # shared through the in-process cache
-    return ArrayDataset(name, *arrays, num_classes=num_classes, mean=mean, std=std, extra=extra)
+    return ArrayDataset(name, *arrays, num_classes=num_classes, mean=mean, std=std, side=side)
 
 
 def _load_idx_dataset(name: str, data_dir: str | None) -> ArrayDataset:
@@ -148,7 +148,7 @@ def load_cifar100(data_dir: str | None = None) -> ArrayDataset:
     """CIFAR-100 from the official python files ``train``/``test``: 50000/10000 images
     ``uint8 [N, 32, 32, 3]``; ``y`` = the 100 fine labels.
 
-    ``extra["y_train_coarse"]``, ``extra["y_test_coarse"]``: ``int32 [N]`` superclass
+    ``side["y_train_coarse"]``, ``side["y_test_coarse"]``: ``int32 [N]`` superclass
     (0..19) of each sample, e.g. to build CoFED-style tasks.
     """
     d = locate_files("cifar100", data_dir)
@@ -157,9 +157,9 @@ def load_cifar100(data_dir: str | None = None) -> ArrayDataset:
     for split, labels in (("train", train), ("test", test)):
         if "fine_labels" not in labels or "coarse_labels" not in labels:
             raise ValueError(f"{d / split}: CIFAR-100 needs fine_labels and coarse_labels")
-    extra = {"y_train_coarse": train["coarse_labels"], "y_test_coarse": test["coarse_labels"]}
+    side = {"y_train_coarse": train["coarse_labels"], "y_test_coarse": test["coarse_labels"]}
     return make_image_dataset(
-        "cifar100", x_train, train["fine_labels"], x_test, test["fine_labels"], 100, extra
+        "cifar100", x_train, train["fine_labels"], x_test, test["fine_labels"], 100, side
     )
 
 
@@ -168,22 +168,22 @@ def load_svhn(data_dir: str | None = None, include_extra: bool = True) -> ArrayD
     10 classes, label 10 of the files mapped to digit 0.
 
     When ``extra_32x32.mat`` sits beside the other files and ``include_extra``, its 531131
-    samples go to ``extra["x_extra"]`` / ``extra["y_extra"]`` (not in the train split).
+    samples go to ``side["x_extra"]`` / ``side["y_extra"]`` (not in the train split).
     """
     d = locate_files("svhn", data_dir)
     x_train, y_train = images.read_svhn_mat(d / "train_32x32.mat")
     x_test, y_test = images.read_svhn_mat(d / "test_32x32.mat")
-    extra: dict[str, np.ndarray] = {}
+    side: dict[str, np.ndarray] = {}
     if include_extra and (d / "extra_32x32.mat").is_file():
-        extra["x_extra"], extra["y_extra"] = images.read_svhn_mat(d / "extra_32x32.mat")
-    return make_image_dataset("svhn", x_train, y_train, x_test, y_test, 10, extra)
+        side["x_extra"], side["y_extra"] = images.read_svhn_mat(d / "extra_32x32.mat")
+    return make_image_dataset("svhn", x_train, y_train, x_test, y_test, 10, side)
 
 
 def load_stl10(data_dir: str | None = None, unlabeled: bool = True) -> ArrayDataset:
     """STL-10 (binary version): 5000/8000 images ``uint8 [N, 96, 96, 3]``, 10 classes
     (labels 1..10 of the files mapped to 0..9).
 
-    When ``unlabeled_X.bin`` is present and ``unlabeled``, ``extra["x_unlabeled"]`` holds the
+    When ``unlabeled_X.bin`` is present and ``unlabeled``, ``side["x_unlabeled"]`` holds the
     100000 unlabeled images ``uint8 [U, 96, 96, 3]`` as a read-only memory map (2.7 GB).
     """
     d = locate_files("stl10", data_dir)
@@ -191,10 +191,10 @@ def load_stl10(data_dir: str | None = None, unlabeled: bool = True) -> ArrayData
     y_train = images.read_stl10_labels(d / "train_y.bin")
     x_test = images.read_stl10_images(d / "test_X.bin")
     y_test = images.read_stl10_labels(d / "test_y.bin")
-    extra: dict[str, np.ndarray] = {}
+    side: dict[str, np.ndarray] = {}
     if unlabeled and (d / "unlabeled_X.bin").is_file():
-        extra["x_unlabeled"] = images.read_stl10_images(d / "unlabeled_X.bin", mmap=True)
-    return make_image_dataset("stl10", x_train, y_train, x_test, y_test, 10, extra)
+        side["x_unlabeled"] = images.read_stl10_images(d / "unlabeled_X.bin", mmap=True)
+    return make_image_dataset("stl10", x_train, y_train, x_test, y_test, 10, side)
 
 
 def load_femnist(data_dir: str | None = None) -> ArrayDataset:
@@ -202,9 +202,9 @@ def load_femnist(data_dir: str | None = None) -> ArrayDataset:
     ``uint8 [N, 28, 28, 1]`` (``round(x * 255)``; LEAF draws ink dark on a white 1.0
     background), 62 classes (10 digits, 26 upper, 26 lower case letters).
 
-    Writers are the natural clients: ``extra["writers"]`` is the ``str [W]`` array of LEAF
-    user ids (train users first, in file order), and ``extra["writer_train"]``,
-    ``extra["writer_test"]`` the ``int32 [N]`` index into it of each sample's writer.
+    Writers are the natural clients: ``side["writers"]`` is the ``str [W]`` array of LEAF
+    user ids (train users first, in file order), and ``side["writer_train"]``,
+    ``side["writer_test"]`` the ``int32 [N]`` index into it of each sample's writer.
     """
     d = locate_files("femnist", data_dir)
     x_train, y_train, users_train = images.read_leaf_dir(d / "train")
@@ -212,12 +212,12 @@ def load_femnist(data_dir: str | None = None) -> ArrayDataset:
     index: dict[str, int] = {}
     for user in [*users_train, *users_test]:
         index.setdefault(user, len(index))
-    extra = {
+    side = {
         "writers": np.array(list(index), dtype=str),
         "writer_train": np.array([index[u] for u in users_train], dtype=np.int32),
         "writer_test": np.array([index[u] for u in users_test], dtype=np.int32),
     }
-    return make_image_dataset("femnist", x_train, y_train, x_test, y_test, 62, extra)
+    return make_image_dataset("femnist", x_train, y_train, x_test, y_test, 62, side)
 
 
 # CoFED's FEMNIST public set (its Sec. 5.3): random crops of Chars74K's handwritten Kannada.
@@ -268,8 +268,8 @@ def load_kannada_crops(
 
     An unlabeled pool: ``y_train`` ``int32 [crops]`` is the source image's class (``NNN - 1``,
     ``num_classes`` = the highest class number), which no CoFED participant sees
-    (``dataset.server_pool`` drops it). ``extra["files"]``: ``str [F]`` the images' paths
-    relative to the ``Img/`` folder, in sorted order; ``extra["source"]``: ``int32 [crops]`` each
+    (``dataset.server_pool`` drops it). ``side["files"]``: ``str [F]`` the images' paths
+    relative to the ``Img/`` folder, in sorted order; ``side["source"]``: ``int32 [crops]`` each
     crop's index into it.
 
     Raises:
@@ -303,9 +303,9 @@ def load_kannada_crops(
     x = np.concatenate(xs)[..., None]
     y = np.asarray(classes, np.int32)[source]
     empty_x = np.zeros((0, CROP_SIDE, CROP_SIDE, 1), np.uint8)
-    extra = {"files": np.array([p.relative_to(d).as_posix() for p in files]), "source": source}
+    side = {"files": np.array([p.relative_to(d).as_posix() for p in files]), "source": source}
     return make_image_dataset(
-        "kannada", x, y, empty_x, np.zeros(0, np.int32), max(classes) + 1, extra
+        "kannada", x, y, empty_x, np.zeros(0, np.int32), max(classes) + 1, side
     )
 
 

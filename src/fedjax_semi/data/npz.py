@@ -12,10 +12,10 @@ that fit it:
   the vocabulary size is the largest id + 1 (at least 3).
 
 Labels are integer class ids; ``num_classes`` is the largest + 1. Client ids become
-``extra["writers"]`` (the distinct ids, sorted) and ``extra["writer_train"]`` /
-``extra["writer_test"]`` (each example's index into it), the representation ``load_femnist``
-gives LEAF's writers, so ``partition.scheme=natural`` (and CoFED's ``cofed_variant=writers``)
-use them.
+``side["writers"]`` (the distinct ids, sorted) and ``side["writer_train"]`` /
+``side["writer_test"]`` (each example's index into it), the representation ``load_femnist``
+gives LEAF's writers, so ``partition.scheme=natural`` (and CoFED's
+``partition.cofed.variant=writers``) use them.
 
 :func:`check_npz` reads only the arrays' headers, the labels and the client ids; every problem
 is one :func:`~fedjax_semi.errors.bad` line naming ``dataset.name``, the value and what is
@@ -166,10 +166,10 @@ def _images(name: str, key: str, x: np.ndarray) -> np.ndarray:
 
 def _clients(ct: np.ndarray, cs: np.ndarray | None) -> dict[str, np.ndarray]:
     ids = np.unique(ct if cs is None else np.concatenate([ct, cs]))
-    extra = {"writers": ids, "writer_train": np.searchsorted(ids, ct).astype(np.int32)}
+    side = {"writers": ids, "writer_train": np.searchsorted(ids, ct).astype(np.int32)}
     if cs is not None:
-        extra["writer_test"] = np.searchsorted(ids, cs).astype(np.int32)
-    return extra
+        side["writer_test"] = np.searchsorted(ids, cs).astype(np.int32)
+    return side
 
 
 def load_npz(name: str, data_dir: str | None = None) -> ArrayDataset:
@@ -186,11 +186,11 @@ def load_npz(name: str, data_dir: str | None = None) -> ArrayDataset:
         a = {k: f[k] for k in (*REQUIRED, *CLIENTS) if k in layout.headers}
     y_train, y_test = a["y_train"].astype(np.int32), a["y_test"].astype(np.int32)
     num_classes = int(max(y_train.max(), y_test.max())) + 1
-    extra = _clients(a["client_train"], a.get("client_test")) if "client_train" in a else {}
+    side = _clients(a["client_train"], a.get("client_test")) if "client_train" in a else {}
     if layout.kind == "image":
         x_train = _images(name, "x_train", a["x_train"])
         x_test = _images(name, "x_test", a["x_test"])
-        return make_image_dataset(name, x_train, y_train, x_test, y_test, num_classes, extra)
+        return make_image_dataset(name, x_train, y_train, x_test, y_test, num_classes, side)
     vocab = None
     if layout.kind == "tokens":
         lo = min(a["x_train"].min(), a["x_test"].min())
@@ -203,9 +203,9 @@ def load_npz(name: str, data_dir: str | None = None) -> ArrayDataset:
     if layout.kind == "features" and not (np.isfinite(x_train).all() and np.isfinite(x_test).all()):
         raise bad("dataset.name", name, "x_train or x_test has NaN or inf; finite features")
     arrays = [np.ascontiguousarray(v) for v in (x_train, y_train, x_test, y_test)]
-    for v in [*arrays, *extra.values()]:
+    for v in [*arrays, *side.values()]:
         v.setflags(write=False)  # shared through the in-process cache of load_dataset
     return ArrayDataset(
         name, *arrays, num_classes=num_classes, mean=(0.0,), std=(1.0,), kind=layout.kind,
-        vocab_size=vocab, extra=extra,
+        vocab_size=vocab, side=side,
     )  # fmt: skip

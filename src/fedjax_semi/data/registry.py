@@ -67,13 +67,13 @@ def subsample(ds: ArrayDataset, fraction: float, seed: int) -> ArrayDataset:
         return np.sort(np.concatenate(picks))
 
     tr, te = keep(ds.y_train), keep(ds.y_test)
-    extra = dict(ds.extra)
+    side = dict(ds.side)
     for key, rows in (("writer_train", tr), ("writer_test", te)):  # natural clients' ids
-        if key in extra:
-            extra[key] = extra[key][rows]
+        if key in side:
+            side[key] = side[key][rows]
     return dataclasses.replace(
         ds, x_train=ds.x_train[tr], y_train=ds.y_train[tr], x_test=ds.x_test[te],
-        y_test=ds.y_test[te], extra=extra,
+        y_test=ds.y_test[te], side=side,
     )  # fmt: skip
 
 

@@ -4,7 +4,7 @@ CoFED's non-IID split (its Sec. 5.2) draws each (participant, superclass) pair's
 one or two of the superclass's five subclasses. A dataset without subclasses (Fashion-MNIST)
 gets them here: k-means on each class's training images splits it into `k` sub-clusters, which
 become the fine labels (`class * k + cluster`), and the class becomes the coarse label
-(`extra["y_train_coarse"]`, the task the CoFED partition assigns). Test images take the cluster
+(`side["y_train_coarse"]`, the task the CoFED partition assigns). Test images take the cluster
 of their nearest centroid, so their coarse label is their class.
 """
 
@@ -49,7 +49,7 @@ def with_subclusters(ds: ArrayDataset, k: int, seed: int, dims: int = 32) -> Arr
     """`ds` with `k` k-means sub-clusters per class as its fine classes.
 
     Returns a dataset with num_classes = ds.num_classes * k, y = class * k + cluster (train and
-    test), and extra["y_train_coarse"] = the original train labels. Deterministic in `seed`.
+    test), and side["y_train_coarse"] = the original train labels. Deterministic in `seed`.
     """
     if k < 1:
         raise ValueError(f"dataset.subclusters={k!r} is not allowed: an integer >= 1")
@@ -76,5 +76,5 @@ def with_subclusters(ds: ArrayDataset, k: int, seed: int, dims: int = 32) -> Arr
         y_train=fine_tr.astype(np.int32),
         y_test=fine_te.astype(np.int32),
         num_classes=ds.num_classes * k,
-        extra={**ds.extra, "y_train_coarse": y_tr.astype(np.int32)},
+        side={**ds.side, "y_train_coarse": y_tr.astype(np.int32)},
     )

@@ -171,7 +171,7 @@ def load_adult(data_dir: str | None = None) -> ArrayDataset:
     Reads ``adult.data`` and ``adult.test`` (comma-separated, 14 features + label). The 6
     numeric features are standardized and the 8 categorical ones one-hot encoded (see
     :func:`_encode_adult`; ``"?"`` is a category of its own): D = 108 on the official
-    files. ``extra["feature_names"]`` names the ``D`` columns.
+    files. ``side["feature_names"]`` names the ``D`` columns.
     """
     train_rows, y_train, test_rows, y_test = read_adult_rows(data_dir)
     x_train, x_test, names = _encode_adult(train_rows, test_rows)
@@ -185,5 +185,5 @@ def load_adult(data_dir: str | None = None) -> ArrayDataset:
         mean=(0.0,),
         std=(1.0,),
         kind="features",
-        extra={"feature_names": names},
+        side={"feature_names": names},
     )

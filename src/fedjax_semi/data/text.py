@@ -144,10 +144,10 @@ def _make_text_dataset(
     x_train = _encode_tokens(train_tokens, index, seq_len)
     x_test = _encode_tokens([tokenize(t) for t in test[0]], index, seq_len)
     arrays = [x_train, train[1].astype(np.int32), x_test, test[1].astype(np.int32)]
-    extra: dict = {"vocab": vocab}
+    side: dict = {"vocab": vocab}
     if unlabeled is not None:
-        extra["x_unlabeled"] = _encode_tokens([tokenize(t) for t in unlabeled], index, seq_len)
-        arrays.append(extra["x_unlabeled"])
+        side["x_unlabeled"] = _encode_tokens([tokenize(t) for t in unlabeled], index, seq_len)
+        arrays.append(side["x_unlabeled"])
     for a in arrays:
         a.setflags(write=False)  # shared through the in-process cache of load_dataset
     return ArrayDataset(
@@ -158,7 +158,7 @@ def _make_text_dataset(
         std=(1.0,),
         kind="tokens",
         vocab_size=len(vocab),
-        extra=extra,
+        side=side,
     )
 
 
@@ -284,7 +284,7 @@ def load_imdb(
     Reads the ``aclImdb/{train,test}/{pos,neg}/*.txt`` layout (the ``aclImdb`` folder
     itself, or a searched directory containing it); label ``pos = 1``, ``neg = 0``. When
     ``aclImdb/train/unsup/`` exists its 50000 unlabeled reviews are encoded with the same
-    vocabulary into ``extra["x_unlabeled"]`` (``int32 [U, seq_len]``).
+    vocabulary into ``side["x_unlabeled"]`` (``int32 [U, seq_len]``).
     """
     _check_vocab_size(vocab_size)
     _check_seq_len(seq_len)

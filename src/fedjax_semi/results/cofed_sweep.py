@@ -78,7 +78,7 @@ def sweep_one(
     for every alpha of `count_alphas` Step 3 alone (the center's counts, no training: Fig. 7)."""
     from fedjax_semi import experiment
 
-    cfg = compose(PRESET, f"seed={seed}", f"partition.cofed_variant={variant}", *overrides)
+    cfg = compose(PRESET, f"seed={seed}", f"partition.cofed.variant={variant}", *overrides)
     exp = experiment.build(cfg)
     runner = exp.runner()
     t0 = time.perf_counter()

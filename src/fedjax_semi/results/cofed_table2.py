@@ -64,7 +64,9 @@ def run_rows(root: Path) -> dict[tuple[str, int], dict]:
             for row in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
             if row.get("accuracy") is not None
         ]
-        key = (cfg["partition"]["cofed_variant"], int(cfg["seed"]))
+        part = cfg["partition"]  # runs recorded before the groups hold cofed_variant
+        variant = part["cofed"]["variant"] if "cofed" in part else part["cofed_variant"]
+        key = (variant, int(cfg["seed"]))
         out[key] = {"client_acc": s["client_acc"], "curve": curve, "rounds": s["rounds_completed"]}
     return out
 

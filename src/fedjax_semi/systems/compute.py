@@ -22,7 +22,8 @@ class Compute:
 
     @classmethod
     def from_config(cls, cfg: SystemsConfig) -> Compute:
-        return cls(cfg.time_sec_per_train_sample, cfg.time_sec_per_infer_sample)
+        w = cfg.wireless
+        return cls(w.time_sec_per_train_sample, w.time_sec_per_infer_sample)
 
     def slowest(self, n_train: jax.Array, epochs: int, n_infer: jax.Array | int = 0) -> jax.Array:
         """The slowest participant's epochs * t_train(n_train) + t_infer(n_infer); [S] -> []."""

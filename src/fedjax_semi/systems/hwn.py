@@ -57,7 +57,7 @@ class HwnSystem:
     bandwidth_share: str = "dedicated"
 
     def __post_init__(self) -> None:
-        check_hwn(dataclasses.asdict(self))  # the checks of SystemsConfig.hwn_*, one place
+        check_hwn(dataclasses.asdict(self))  # the checks of systems.hwn.*, one place
         # Stored as tuples of floats so the instance stays hashable (a static jit argument).
         for name in ("power_dbm", "cpu_hz", "dist_m"):
             pair = tuple(float(v) for v in dataclasses.asdict(self)[name])
@@ -65,11 +65,11 @@ class HwnSystem:
 
     @classmethod
     def from_config(cls, cfg: Any) -> HwnSystem:
-        """From a `SystemsConfig` (or a `Config`, via its `.systems`): its `hwn_*` fields."""
-        cfg = getattr(cfg, "systems", cfg)
+        """From a `SystemsConfig` (or a `Config`, via its `.systems`): its `hwn` group."""
+        group = getattr(cfg, "systems", cfg).hwn
         kwargs = {}
         for f in dataclasses.fields(cls):
-            value = getattr(cfg, f"hwn_{f.name}")
+            value = getattr(group, f.name)
             kwargs[f.name] = tuple(value) if f.name in ("power_dbm", "cpu_hz", "dist_m") else value
         return cls(**kwargs)
 

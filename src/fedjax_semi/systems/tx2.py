@@ -34,7 +34,7 @@ BYTES_PER_MB = 1e6
 
 @dataclasses.dataclass(frozen=True)
 class Tx2System:
-    """The constants of `SystemsConfig.tx2_*` (conf/systems/tx2.yaml): speeds (relative training
+    """The constants of `systems.tx2.*` (conf/systems/tx2.yaml): speeds (relative training
     speed of each power mode; mode 0 = 1), mode_period (rounds), group_shares and
     group_bw_mbps (the distance groups: share of the clients, mean bandwidth in MB/s),
     bw_sigma (lognormal sigma), overhead_s (t_ovh), compute_full_s (t_full in mode 0)."""
@@ -54,9 +54,9 @@ class Tx2System:
 
     @classmethod
     def from_config(cls, cfg: Any) -> Tx2System:
-        """From a `SystemsConfig` (or a `Config`, via its `.systems`): its `tx2_*` fields."""
-        cfg = getattr(cfg, "systems", cfg)
-        return cls(**{f.name: getattr(cfg, f"tx2_{f.name}") for f in dataclasses.fields(cls)})
+        """From a `SystemsConfig` (or a `Config`, via its `.systems`): its `tx2` group."""
+        group = getattr(cfg, "systems", cfg).tx2
+        return cls(**{f.name: getattr(group, f.name) for f in dataclasses.fields(cls)})
 
 
 def client_groups(num_clients: int, shares: tuple[float, ...]) -> np.ndarray:

@@ -19,6 +19,7 @@ from fedjax_semi.data.partitions.container import Partition, PartitionFileError
 from fedjax_semi.data.partitions.knobs import (
     PAPER_DEFAULTS,
     POOLED_FRACTIONS,
+    SCHEME_GROUP,
     SCHEMES,
     check_knobs,
 )
@@ -37,6 +38,7 @@ from fedjax_semi.data.partitions.transforms import apply_client_transforms
 __all__ = [
     "PAPER_DEFAULTS",
     "POOLED_FRACTIONS",
+    "SCHEME_GROUP",
     "SCHEMES",
     "Partition",
     "PartitionFileError",

@@ -1,7 +1,8 @@
-"""Ada-FedSemi's ``ada`` scheme: labeled clients and an unlabeled server pool.
+"""Ada-FedSemi's ``ada`` scheme: labeled clients and an unlabeled server pool. Knobs:
+``partition.ada.*``.
 
 A uniform random ``labeled_fraction`` of the train split is the clients' labeled pool, dealt
-IID (equal split) or non-IID-``ada_zeta`` (:func:`dominant_class_partition`); the rest of the
+IID (equal split) or non-IID-``zeta`` (:func:`dominant_class_partition`); the rest of the
 train split is the server's unlabeled pool ``server["server_unlabeled"]``. With
 ``server_unlabeled_extra`` the dataset's own unlabeled split joins it (:func:`pool_split`:
 SVHN's extra, STL-10's unlabeled images, IMDB's unsup reviews; the paper's Sec. 5.2 pools),
@@ -38,7 +39,7 @@ from fedjax_semi.data.partitions.roles import class_proportions, split_by_propor
 
 __all__ = ["build", "dominant_class_partition", "pool_split"]
 
-# A dataset's own unlabeled split (ArrayDataset.extra): images or tokens, and the hidden labels
+# A dataset's own unlabeled split (ArrayDataset.side): images or tokens, and the hidden labels
 # when the files have them (SVHN's extra split is labeled; STL-10's and IMDB's are not).
 POOL_SPLITS = (("x_extra", "y_extra"), ("x_unlabeled", None))
 
@@ -47,8 +48,8 @@ def pool_split(ds: ArrayDataset) -> tuple[np.ndarray, np.ndarray | None] | None:
     """The dataset's own unlabeled split beside train and test: (x [U, ...], hidden labels
     int [U] or None), or None when it has none (or it was not loaded)."""
     for x_key, y_key in POOL_SPLITS:
-        if x_key in ds.extra:
-            return ds.extra[x_key], ds.extra.get(y_key) if y_key else None
+        if x_key in ds.side:
+            return ds.side[x_key], ds.side.get(y_key) if y_key else None
     return None
 
 
@@ -130,10 +131,10 @@ def _ada_partition(
 
     y_lab = labels_all[lab_pool]
     rng = stage(_STAGE_PARTITION)
-    if k["ada_variant"] == "iid":
+    if k["variant"] == "iid":
         local = iid_partition(len(lab_pool), num_clients, rng)
     else:
-        local = dominant_class_partition(y_lab, num_clients, k["ada_zeta"], ds.num_classes, rng)
+        local = dominant_class_partition(y_lab, num_clients, k["zeta"], ds.num_classes, rng)
     labeled = [lab_pool[idx] for idx in local]
     props = class_proportions(y_lab, local, ds.num_classes)
     test = [
@@ -151,7 +152,7 @@ def _ada_partition(
         "test_global": test_pool,
     }
     assignments = {}
-    if k["ada_variant"] == "noniid":
+    if k["variant"] == "noniid":
         assignments["dominant_class"] = np.arange(num_clients, dtype=np.int64) % ds.num_classes
     return clients, server, np.ones(num_clients), assignments
 
@@ -159,6 +160,7 @@ def _ada_partition(
 def build(inp: SchemeInput) -> SchemeOutput:
     """``ada`` (official split, val_fraction > 0); see the module docstring."""
     n_train, n_test = len(inp.ds.y_train), len(inp.ds.y_test)
+    k = inp.knobs["ada"]
     num_clients, labeled_fraction, val_fraction = (
         inp.num_clients, inp.labeled_fraction, inp.val_fraction,
     )  # fmt: skip
@@ -177,11 +179,11 @@ def build(inp: SchemeInput) -> SchemeOutput:
     )
     n_rest = n_train - int(round(labeled_fraction * n_train))
     extra, what = {}, "the train samples left after the labeled pool"
-    if inp.knobs["server_unlabeled_extra"]:
+    if k["server_unlabeled_extra"]:
         split = pool_split(inp.ds)
         _check(
             split is not None,
-            "partition.server_unlabeled_extra",
+            "partition.ada.server_unlabeled_extra",
             True,
             f"false for {inp.ds.name!r}, which has no unlabeled split beside train and test "
             "(svhn with extra_32x32.mat, stl10 with unlabeled_X.bin, imdb with train/unsup)",
@@ -193,9 +195,9 @@ def build(inp: SchemeInput) -> SchemeOutput:
             "pool_split_size": len(split[0]),
         }
     _check(
-        inp.knobs["server_unlabeled_size"] <= n_rest,
-        "partition.server_unlabeled_size",
-        inp.knobs["server_unlabeled_size"],
+        k["server_unlabeled_size"] <= n_rest,
+        "partition.ada.server_unlabeled_size",
+        k["server_unlabeled_size"],
         f"must be <= {n_rest}, {what} (0 = all)",
     )
     _check(
@@ -205,6 +207,6 @@ def build(inp: SchemeInput) -> SchemeOutput:
         f"must leave a non-empty validation set of the {n_test} test samples",
     )
     clients, server, mu, assignments = _ada_partition(
-        inp.ds, inp.labels_all, num_clients, labeled_fraction, val_fraction, inp.knobs, inp.stage
+        inp.ds, inp.labels_all, num_clients, labeled_fraction, val_fraction, k, inp.stage
     )
     return clients, server, mu, assignments, extra

@@ -18,9 +18,9 @@ from fedjax_semi.data.partitions.common import (
 from fedjax_semi.data.partitions.container import Partition
 from fedjax_semi.data.partitions.holdout import apply_holdout, check_holdout
 from fedjax_semi.data.partitions.knobs import (
-    GENERIC_SCHEMES,
     LABELED_MODES,
     POOLED_FRACTIONS,
+    SCHEME_GROUP,
     SCHEMES,
     SPLITS,
     check_knobs,
@@ -45,13 +45,14 @@ def build_partition(
     min_client_size: int,
     seed: int,
     holdout: float = 0.0,
-    **knobs: Any,
+    **knobs: dict[str, Any],
 ) -> Partition:
     """Builds the client/server partition of ``ds``.
 
     Returned indices are indices into ``concat(train, test)``, i.e. test sample ``j`` is
-    ``len(ds.x_train) + j``. ``knobs`` are the paper-scheme knobs of
-    :data:`~.knobs.PAPER_DEFAULTS` (missing ones take those defaults).
+    ``len(ds.x_train) + j``. ``knobs`` are the paper-scheme knobs by group, as in
+    :data:`~.knobs.PAPER_DEFAULTS` (``cofed={"min_classes": 3}``; missing ones take those
+    defaults).
 
     Splits (generic schemes and ``cfsl``):
       ``"official"``: clients' labeled/unlabeled data come from the official train split.
@@ -69,7 +70,8 @@ def build_partition(
     Paper schemes (official split only unless said otherwise; roles not named are absent):
     ``"subset"`` / ``"normal"`` (DoFed-SPP), ``"cofed"`` (CoFED), ``"cfsl"`` (CFSL) and
     ``"ada"`` (Ada-FedSemi); the docstrings of :mod:`.dofed`, :mod:`.cofed`, :mod:`.cfsl`
-    and :mod:`.ada` say what each builds. Their knobs are added to ``meta``.
+    and :mod:`.ada` say what each builds. Their group's knobs are added to ``meta`` under the
+    group's name (``meta["cofed"]``).
 
     ``holdout`` > 0 (iid, dirichlet, shards, subset, normal): a stratified share of every
     client's training rows becomes its ``"test"`` role and their union ``"test_global"``,
@@ -110,8 +112,11 @@ def build_partition(
         "n_test": int(len(ds.y_test)),
         "index_layout": "concat(train, test)",
     }
-    if scheme not in GENERIC_SCHEMES:
-        meta.update({key: (v.item() if isinstance(v, np.generic) else v) for key, v in k.items()})
+    if scheme in SCHEME_GROUP:
+        own = k[SCHEME_GROUP[scheme]]
+        meta[SCHEME_GROUP[scheme]] = {
+            key: (v.item() if isinstance(v, np.generic) else v) for key, v in own.items()
+        }
     inp = SchemeInput(
         ds, labels_all, scheme, num_clients, alpha, classes_per_client, labeled_fraction,
         labeled_mode, label_ratio_alpha, split, val_fraction, min_client_size, k, stage,
@@ -138,10 +143,10 @@ def _check_args(
     val_fraction: float,
     min_client_size: int,
     seed: int,
-    knobs: dict[str, Any],
-) -> dict[str, Any]:
+    knobs: dict[str, dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
     """Checks the arguments shared by every scheme (the schemes' builders check their own);
-    returns the complete knobs."""
+    returns the complete knobs by group."""
     n_train, n_test = len(ds.y_train), len(ds.y_test)
     n_all = n_train + n_test
     _check(split in SPLITS, "partition.split", split, f"allowed: {list(SPLITS)}")
@@ -198,7 +203,7 @@ def _check_args(
         f"must be an integer in [1, {max_clients}] ({pool_train} training samples / "
         f"partition.min_client_size={min_client_size})",
     )
-    base_scheme = k["cfsl_base"] if scheme == "cfsl" else scheme
+    base_scheme = k["cfsl"]["base"] if scheme == "cfsl" else scheme
     if base_scheme == "shards":
         _check(
             num_clients * classes_per_client <= pool_train,

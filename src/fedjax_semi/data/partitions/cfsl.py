@@ -1,14 +1,14 @@
 """CFSL's ``cfsl`` scheme: workers under edge servers, with hidden clusters that see
-permuted labels or rotated inputs.
+permuted labels or rotated inputs. Knobs: ``partition.cfsl.*``.
 
-Workers are partitioned by ``cfsl_base`` (default shards with ``classes_per_client``),
+Workers are partitioned by ``base`` (default shards with ``classes_per_client``),
 labeled/unlabeled per worker as for the generic schemes. ``split="pooled"`` pools train+test
 and splits each worker's data into local train and a ``local_test_fraction`` ``"test"`` part
 (``"test_global"`` is their union); ``"official"`` is as for the generic schemes.
 Assignments: ``edge`` int [C] (balanced random over ``num_edges``), ``cluster`` int [C]
-(``cfsl_clusters`` latent groups, balanced within every edge), ``label_map`` int [C, Q]
-(``cfsl_transform=label_permutation``: cluster 0 identity, others distinct derangements),
-``rotation`` int [C] quarter turns (``rotation``: cluster g gets ``(4 g) // cfsl_clusters``);
+(``clusters`` latent groups, balanced within every edge), ``label_map`` int [C, Q]
+(``transform=label_permutation``: cluster 0 identity, others distinct derangements),
+``rotation`` int [C] quarter turns (``rotation``: cluster g gets ``(4 g) // clusters``);
 apply them with :func:`~fedjax_semi.data.partitions.transforms.apply_client_transforms`.
 """
 
@@ -39,7 +39,7 @@ def _cfsl_assignments(
     num_clients: int, num_classes: int, k: dict[str, Any], stage: Any
 ) -> dict[str, np.ndarray]:
     """Edge association, latent clusters and their transforms; see the module docstring."""
-    n_edges, n_groups = k["num_edges"], k["cfsl_clusters"]
+    n_edges, n_groups = k["num_edges"], k["clusters"]
     rng = stage(_STAGE_GROUPS)
     edge = rng.permutation(np.arange(num_clients) % n_edges).astype(np.int64)  # balanced
     cluster = np.empty(num_clients, dtype=np.int64)
@@ -50,7 +50,7 @@ def _cfsl_assignments(
     ident = np.arange(num_classes, dtype=np.int64)
     perms = np.tile(ident, (n_groups, 1))
     rotation = np.zeros(num_clients, dtype=np.int64)
-    if k["cfsl_transform"] == "label_permutation":
+    if k["transform"] == "label_permutation":
         # Cluster 0 keeps the labels; the others get distinct derangements (every class moves).
         for g in range(1, n_groups):
             for _ in range(1000):
@@ -60,10 +60,10 @@ def _cfsl_assignments(
                     break
             else:
                 raise ValueError(
-                    f"partition.cfsl_clusters={n_groups!r} is invalid; {num_classes} classes "
+                    f"partition.cfsl.clusters={n_groups!r} is invalid; {num_classes} classes "
                     f"do not give {n_groups - 1} distinct label derangements"
                 )
-    elif k["cfsl_transform"] == "rotation":
+    elif k["transform"] == "rotation":
         rotation = (cluster * 4) // n_groups  # 2 clusters: 0 and 180 degrees
     return {"edge": edge, "cluster": cluster, "label_map": perms[cluster], "rotation": rotation}
 
@@ -104,14 +104,14 @@ def _cfsl_pooled(
 
 def build(inp: SchemeInput) -> SchemeOutput:
     """``cfsl``; see the module docstring."""
-    k = inp.knobs
+    k = inp.knobs["cfsl"]
     _check(
         k["num_edges"] <= inp.num_clients,
-        "partition.num_edges",
+        "partition.cfsl.num_edges",
         k["num_edges"],
         f"must be <= num_clients={inp.num_clients}",
     )
-    base_scheme = k["cfsl_base"]
+    base_scheme = k["base"]
     if inp.split == "pooled":
         clients, server, mu = _cfsl_pooled(
             inp.labels_all, base_scheme, inp.num_clients, inp.alpha, inp.classes_per_client,

@@ -1,31 +1,31 @@
 """CoFED's ``cofed`` scheme: participants own overlapping task subsets and hold disjoint
-private samples of them (the CIFAR-100 setup of paper §5.2).
+private samples of them (the CIFAR-100 setup of paper §5.2). Knobs: ``partition.cofed.*``.
 
 A uniform random ``public_fraction`` of the train split is the server's unlabeled
 ``"public"`` set (the paper's cross-dataset public sets, e.g. CIFAR-10 for CIFAR-100 tasks,
 need a second dataset and are not built here). Tasks are CIFAR-100 superclasses when
-``ds.extra["y_train_coarse"]`` exists, else the classes. Each participant owns
-``U{cofed_min_classes..cofed_max_classes}`` tasks (redrawn until every participant shares a
+``ds.side["y_train_coarse"]`` exists, else the classes. Each participant owns
+``U{min_classes..max_classes}`` tasks (redrawn until every participant shares a
 task with another and the samples suffice) and gets ``samples_per_class`` private
 ``"labeled"`` samples per task, without replacement across participants: IID evenly over the
-task's subclasses, non-IID from ``U{1..cofed_max_subclasses}`` of them (fine tasks have no
+task's subclasses, non-IID from ``U{1..max_subclasses}`` of them (fine tasks have no
 subclasses: non-IID skews the counts over the owned classes by ``Dir(alpha)`` instead).
 ``"test"``: every test sample of an owned task (shared across participants, as in the
 paper). ``"unlabeled"`` is empty. Assignments: ``label_space`` bool [C, tasks],
 ``label_map`` int [C, Q] (fine -> task label).
 
-``cofed_variant="writers"`` (paper §5.3, FEMNIST): natural writer clients instead. The
+``variant="writers"`` (paper §5.3, FEMNIST): natural writer clients instead. The
 participants are the ``num_clients`` writers with the most samples (train and test split
 pooled, as LEAF splits each writer's own samples; ties by writer order), from
-``ds.extra["writer_train"]``/``["writer_test"]`` (as ``load_femnist`` gives). Each writer's
-samples are shuffled: a ``cofed_train_share`` (the paper's 40%, rounded, at least one) are its
+``ds.side["writer_train"]``/``["writer_test"]`` (as ``load_femnist`` gives). Each writer's
+samples are shuffled: a ``train_share`` (the paper's 40%, rounded, at least one) are its
 private ``"labeled"`` set, the rest its ``"test"`` set.
-``cofed_label_space``: ``"present"`` (Y_i = the classes of the writer's private set; test rows
+``label_space``: ``"present"`` (Y_i = the classes of the writer's private set; test rows
 of other classes are dropped, as the other variants test only owned tasks) or ``"all"`` (every
 class, our choice; all test rows kept). The held-out ``public_fraction`` comes from the train
 split rows of the writers who are not participants (0 with ``dataset.server_pool``, e.g.
 Kannada crops). ``"test_global"``: the participants' test rows. Extra assignment: ``writer``
-int [C], each participant's index into ``ds.extra["writers"]``.
+int [C], each participant's index into ``ds.side["writers"]``.
 """
 
 from __future__ import annotations
@@ -54,10 +54,10 @@ __all__ = ["build"]
 def _task_map(ds: ArrayDataset) -> tuple[np.ndarray, str]:
     """``int64 [num_classes]`` fine class -> task class, and the task source.
 
-    ``"coarse"`` when ``ds.extra["y_train_coarse"]`` exists (CIFAR-100 superclasses), else
+    ``"coarse"`` when ``ds.side["y_train_coarse"]`` exists (CIFAR-100 superclasses), else
     ``"fine"`` (every class is its own task).
     """
-    coarse = (ds.extra or {}).get("y_train_coarse")
+    coarse = (ds.side or {}).get("y_train_coarse")
     if coarse is None:
         return np.arange(ds.num_classes, dtype=np.int64), "fine"
     coarse = np.asarray(coarse, dtype=np.int64)
@@ -66,7 +66,7 @@ def _task_map(ds: ArrayDataset) -> tuple[np.ndarray, str]:
     fmap[y] = coarse
     if len(coarse) != len(y) or (fmap[y] != coarse).any() or (fmap < 0).any():
         raise ValueError(
-            f"{ds.name}: extra['y_train_coarse'] must give every fine class one coarse class"
+            f"{ds.name}: side['y_train_coarse'] must give every fine class one coarse class"
         )
     return fmap, "coarse"
 
@@ -81,14 +81,14 @@ def _cofed_partition(
     fmap, source = _task_map(ds)
     n_tasks = int(fmap.max()) + 1
     subs = [np.flatnonzero(fmap == t) for t in range(n_tasks)]
-    lo, hi = k["cofed_min_classes"], min(k["cofed_max_classes"], n_tasks)
+    lo, hi = k["min_classes"], min(k["max_classes"], n_tasks)
     _check(
         lo <= n_tasks,
-        "partition.cofed_min_classes",
+        "partition.cofed.min_classes",
         lo,
         f"must be <= {n_tasks} ({source} classes of {ds.name})",
     )
-    spc, variant = k["samples_per_class"], k["cofed_variant"]
+    spc, variant = k["samples_per_class"], k["variant"]
 
     # Public set first: a uniform random held-out part of the train split.
     rng_pub = stage(_STAGE_PUBLIC)
@@ -125,7 +125,7 @@ def _cofed_partition(
             elif variant == "iid":  # "evenly" across the subclasses (10 from each of 5)
                 chosen, counts = sub, _even_split(spc, rng.permutation(len(sub)))
             else:  # 1..max subclasses, equal shares, among those with room left
-                s = int(rng.integers(1, min(k["cofed_max_subclasses"], len(sub)) + 1))
+                s = int(rng.integers(1, min(k["max_subclasses"], len(sub)) + 1))
                 counts = _even_split(spc, np.arange(s))
                 room = sub[cap[sub] - used[sub] >= counts[0]]
                 if len(room) < s:
@@ -152,9 +152,9 @@ def _cofed_partition(
             break
     else:
         raise ValueError(
-            f"partition.samples_per_class={spc!r} is invalid; no label-space draw fits the "
+            f"partition.cofed.samples_per_class={spc!r} is invalid; no label-space draw fits the "
             f"{int(cap.sum())} private training samples of {ds.name} in 1000 tries (lower it, "
-            "partition.cofed_max_classes or partition.public_fraction, or use fewer clients)"
+            "partition.cofed.max_classes or partition.cofed.public_fraction, or use fewer clients)"
         )
     labeled = [_sorted_i64(np.concatenate(p)) if p else np.empty(0, np.int64) for p in parts]
     test_tasks = fmap[y_te]
@@ -177,20 +177,20 @@ def _cofed_partition(
 
 
 def _writer_ids(ds: ArrayDataset) -> np.ndarray:
-    """``int64 [n_train + n_test]``: each sample's writer (index into ``ds.extra["writers"]``)."""
-    extra = ds.extra or {}
+    """``int64 [n_train + n_test]``: each sample's writer (index into ``ds.side["writers"]``)."""
+    side = ds.side or {}
     _check(
-        "writer_train" in extra and "writer_test" in extra,
-        "partition.cofed_variant",
+        "writer_train" in side and "writer_test" in side,
+        "partition.cofed.variant",
         "writers",
-        f"needs per-sample writers (extra['writer_train'], extra['writer_test'], as "
+        f"needs per-sample writers (side['writer_train'], side['writer_test'], as "
         f"dataset=femnist has); {ds.name} has none",
     )
-    w_tr = np.asarray(extra["writer_train"], np.int64)
-    w_te = np.asarray(extra["writer_test"], np.int64)
+    w_tr = np.asarray(side["writer_train"], np.int64)
+    w_te = np.asarray(side["writer_test"], np.int64)
     _check(
         len(w_tr) == len(ds.y_train) and len(w_te) == len(ds.y_test),
-        "partition.cofed_variant",
+        "partition.cofed.variant",
         "writers",
         f"needs one writer per sample, but {ds.name} has {len(w_tr)}+{len(w_te)} writer ids for "
         f"{len(ds.y_train)}+{len(ds.y_test)} samples (dataset.fraction < 1 drops samples, not "
@@ -202,7 +202,7 @@ def _writer_ids(ds: ArrayDataset) -> np.ndarray:
 def _writers_partition(
     ds: ArrayDataset, num_clients: int, k: dict[str, Any], stage: Any
 ) -> SchemeOutput:
-    """CoFED's FEMNIST setup (``cofed_variant="writers"``); see the module docstring."""
+    """CoFED's FEMNIST setup (``variant="writers"``); see the module docstring."""
     n_train = len(ds.y_train)
     writer = _writer_ids(ds)
     counts = np.bincount(writer) if len(writer) else np.zeros(0, np.int64)
@@ -212,7 +212,7 @@ def _writers_partition(
         "num_clients",
         num_clients,
         f"must be <= the {n_writers} writers of {ds.name} with samples "
-        "(partition.cofed_variant=writers: one participant per writer)",
+        "(partition.cofed.variant=writers: one participant per writer)",
     )
     chosen = np.argsort(-counts, kind="stable")[:num_clients]  # most samples first
     smallest = int(counts[chosen].min())
@@ -226,14 +226,14 @@ def _writers_partition(
     fmap, source = _task_map(ds)
     n_tasks = int(fmap.max()) + 1
     task = fmap[np.concatenate([ds.y_train, ds.y_test]).astype(np.int64)]
-    share, space_mode = k["cofed_train_share"], k["cofed_label_space"]
+    share, space_mode = k["train_share"], k["label_space"]
 
     rng_pub = stage(_STAGE_PUBLIC)
     n_pub = int(round(k["public_fraction"] * n_train))
     outside = np.flatnonzero(~np.isin(writer[:n_train], chosen))
     _check(
         n_pub <= len(outside),
-        "partition.public_fraction",
+        "partition.cofed.public_fraction",
         k["public_fraction"],
         f"asks for {n_pub} public rows, but only {len(outside)} training rows of {ds.name} "
         f"belong to writers outside the {num_clients} participants (lower it, or 0 with "
@@ -283,6 +283,7 @@ def build(inp: SchemeInput) -> SchemeOutput:
     """``cofed`` (official split, no val); see the module docstring."""
     _require_official_split(inp)
     _require_no_val(inp)
-    if inp.knobs["cofed_variant"] == "writers":
-        return _writers_partition(inp.ds, inp.num_clients, inp.knobs, inp.stage)
-    return _cofed_partition(inp.ds, inp.num_clients, inp.alpha, inp.knobs, inp.stage)
+    k = inp.knobs["cofed"]
+    if k["variant"] == "writers":
+        return _writers_partition(inp.ds, inp.num_clients, k, inp.stage)
+    return _cofed_partition(inp.ds, inp.num_clients, inp.alpha, k, inp.stage)

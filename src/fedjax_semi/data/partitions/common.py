@@ -62,7 +62,7 @@ class SchemeInput:
     split: str
     val_fraction: float
     min_client_size: int
-    knobs: dict[str, Any]  # every paper-scheme knob (check_knobs)
+    knobs: dict[str, dict[str, Any]]  # group -> its knobs, every paper-scheme knob (check_knobs)
     stage: Callable[[int], np.random.Generator]  # stage key -> that stage's own stream
 
 

@@ -1,12 +1,12 @@
 """DoFed-SPP's ``subset`` and ``normal`` schemes: per client a training set and a
-differently distributed target set, drawn by class.
+differently distributed target set, drawn by class. Knobs: ``partition.dofed.*``.
 
 SUBSET shuffles the classes into ``n_clusters`` clusters (leftovers join random clusters) and
 gives client ``n`` a train cluster and a different target cluster (``assignment``: ``even``,
 the default, spreads both the train and the target clusters evenly over the clients;
 ``balanced`` only the train clusters, the target uniform over the others; ``random``); NORMAL
-draws a train and a target class set of ``U{normal_min_classes..normal_max_classes}`` classes
-each, redrawn per ``normal_reject``. Per class of the sets: ``train_per_class`` train samples
+draws a train and a target class set of ``U{min_classes..max_classes}`` classes
+each, redrawn per ``reject``. Per class of the sets: ``train_per_class`` train samples
 (role ``"labeled"``), ``target_per_class`` target samples of which a
 ``target_labeled_fraction`` (at least 1) is ``"target_labeled"`` and the rest
 ``"target_unlabeled"`` (NORMAL ``fixed_total``: SUBSET's per-client totals split evenly over
@@ -127,22 +127,22 @@ def _normal_classes(
     num_classes: int, num_clients: int, k: dict[str, Any], rng: np.random.Generator
 ) -> tuple[list[np.ndarray], list[np.ndarray], dict[str, np.ndarray], dict[str, Any]]:
     """DoFed-SPP NORMAL: independent random train and target class sets of
-    ``U{normal_min_classes..normal_max_classes}`` classes (capped at ``num_classes``); a
-    pair is redrawn when identical (``normal_reject=subset``: also when target ⊆ train)."""
-    lo, hi = k["normal_min_classes"], min(k["normal_max_classes"], num_classes)
+    ``U{min_classes..max_classes}`` classes (capped at ``num_classes``); a
+    pair is redrawn when identical (``reject=subset``: also when target ⊆ train)."""
+    lo, hi = k["min_classes"], min(k["max_classes"], num_classes)
     train, target = [], []
     for _ in range(num_clients):
         for _try in range(1000):
             tr = np.sort(rng.choice(num_classes, int(rng.integers(lo, hi + 1)), replace=False))
             tg = np.sort(rng.choice(num_classes, int(rng.integers(lo, hi + 1)), replace=False))
             bad = np.array_equal(tr, tg)
-            if k["normal_reject"] == "subset":
+            if k["reject"] == "subset":
                 bad = bad or bool(np.isin(tg, tr).all())
             if not bad:
                 break
         else:
             raise ValueError(
-                f"partition.normal_reject={k['normal_reject']!r} is invalid; no train/target "
+                f"partition.dofed.reject={k['reject']!r} is invalid; no train/target "
                 f"class-set pair passes it with {lo}..{hi} of {num_classes} classes"
             )
         train.append(tr.astype(np.int64))
@@ -170,7 +170,7 @@ def _dofed_partition(
     status = np.zeros(n_train + n_test, dtype=np.int8)
     mine = np.zeros(n_train + n_test, dtype=bool)
     overlap, frac = k["overlap"], k["target_labeled_fraction"]
-    fixed_total = scheme == "normal" and k["normal_size_mode"] == "fixed_total"
+    fixed_total = scheme == "normal" and k["size_mode"] == "fixed_total"
     per_cluster = q // k["n_clusters"]  # SUBSET classes per cluster: fixed_total's unit
     rng = stage(_STAGE_TARGET)
     roles: dict[str, list[np.ndarray]] = {
@@ -179,11 +179,11 @@ def _dofed_partition(
     capped = 0
 
     def short(key: str, c: int, want: int, got: int) -> ValueError:
-        hint = "; use partition.overlap='allow'" if overlap == "none" else ""
-        if fixed_total and key != "partition.overlap":  # SUBSET's totals on 2 classes
-            hint = "; use partition.normal_size_mode='per_class'"
+        hint = "; use partition.dofed.overlap='allow'" if overlap == "none" else ""
+        if fixed_total and key != "partition.dofed.overlap":  # SUBSET's totals on 2 classes
+            hint = "; use partition.dofed.size_mode='per_class'"
         return ValueError(
-            f"{key}={k[key.split('.')[1]]!r} is invalid; class {c} has only {got} of the "
+            f"{key}={k[key.split('.')[-1]]!r} is invalid; class {c} has only {got} of the "
             f"{want} samples a client needs left{hint}"
         )
 
@@ -205,7 +205,11 @@ def _dofed_partition(
             a = _draw(train_pools[c], int(lc), _LAB, status, mine, overlap, rng)
             b = _draw(train_pools[c], int(tc - lc), _UNL, status, mine, overlap, rng)
             if len(a) + len(b) < tc:
-                key = "partition.overlap" if overlap == "none" else "partition.target_per_class"
+                key = (
+                    "partition.dofed.overlap"
+                    if overlap == "none"
+                    else "partition.dofed.target_per_class"
+                )
                 raise short(key, int(c), int(tc), len(a) + len(b))
             got["target_labeled"].append(a)
             got["target_unlabeled"].append(b)
@@ -213,7 +217,7 @@ def _dofed_partition(
             a = _draw(train_pools[c], int(nc), _LAB, status, mine, overlap, rng)
             if len(a) < nc:
                 if overlap == "none":
-                    raise short("partition.overlap", int(c), int(nc), len(a))
+                    raise short("partition.dofed.overlap", int(c), int(nc), len(a))
                 capped += int(nc - len(a))  # train gets what the target draws left
             got["labeled"].append(a)
         for c in tg_c:
@@ -222,7 +226,7 @@ def _dofed_partition(
                 want = min(want, len(test_pools[c]))  # CIFAR-100: all 100 test images
             a = _draw(test_pools[c], want, _TEST, status, mine, overlap, rng)
             if len(a) < want:
-                raise short("partition.overlap", int(c), want, len(a))
+                raise short("partition.dofed.overlap", int(c), want, len(a))
             got["test"].append(a)
         for r, parts in got.items():
             idx = _sorted_i64(np.concatenate(parts)) if parts else np.empty(0, np.int64)
@@ -240,19 +244,19 @@ def _dofed_partition(
 
 def build(inp: SchemeInput) -> SchemeOutput:
     """``subset`` / ``normal`` (official split, no val); see the module docstring."""
-    ds, k = inp.ds, inp.knobs
+    ds, k = inp.ds, inp.knobs["dofed"]
     _require_official_split(inp)
     _require_no_val(inp)
     _check(
         k["n_clusters"] <= ds.num_classes,
-        "partition.n_clusters",
+        "partition.dofed.n_clusters",
         k["n_clusters"],
         f"must be <= {ds.num_classes} (num_classes of {ds.name})",
     )
     _check(
-        k["normal_min_classes"] <= ds.num_classes,
-        "partition.normal_min_classes",
-        k["normal_min_classes"],
+        k["min_classes"] <= ds.num_classes,
+        "partition.dofed.min_classes",
+        k["min_classes"],
         f"must be <= {ds.num_classes} (num_classes of {ds.name})",
     )
     return _dofed_partition(ds, inp.num_clients, inp.scheme, k, inp.stage)

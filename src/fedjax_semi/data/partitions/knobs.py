@@ -10,7 +10,7 @@ from typing import Any
 
 from fedjax_semi.data.partitions.common import _check, _is_int, _is_num
 
-__all__ = ["PAPER_DEFAULTS", "POOLED_FRACTIONS", "SCHEMES", "check_knobs"]
+__all__ = ["PAPER_DEFAULTS", "POOLED_FRACTIONS", "SCHEMES", "SCHEME_GROUP", "check_knobs"]
 
 GENERIC_SCHEMES = ("iid", "dirichlet", "shards")
 SCHEMES = (*GENERIC_SCHEMES, "natural", "subset", "normal", "cofed", "cfsl", "ada")
@@ -26,132 +26,155 @@ VARIANTS = ("iid", "noniid")  # Ada-FedSemi
 COFED_VARIANTS = (*VARIANTS, "writers")
 COFED_LABEL_SPACES = ("present", "all")  # writers: Y_i = the classes of D_i, or every class
 CFSL_TRANSFORMS = ("label_permutation", "rotation", "none")
-
-
-# Knobs of the paper schemes and their defaults. PartitionConfig carries the same fields and
-# defaults (tests check they agree); see there for what each one means.
-PAPER_DEFAULTS: dict[str, Any] = {
-    # DoFed-SPP SUBSET / NORMAL
-    "n_clusters": 5,
-    "assignment": "even",
-    "train_per_class": 500,
-    "target_per_class": 200,
-    "target_labeled_fraction": 0.05,
-    "test_per_class": 100,
-    "normal_min_classes": 2,
-    "normal_max_classes": 10,
-    "normal_reject": "identical",
-    "normal_size_mode": "fixed_total",
-    "overlap": "allow",
-    # CoFED (its CIFAR-100 setup, paper §5.2)
-    "cofed_variant": "iid",
-    "cofed_min_classes": 6,
-    "cofed_max_classes": 8,
-    "samples_per_class": 50,
-    "cofed_max_subclasses": 2,
-    "public_fraction": 0.2,
-    "cofed_train_share": 0.4,
-    "cofed_label_space": "present",
-    # CFSL
-    "num_edges": 3,
-    "cfsl_clusters": 2,
-    "cfsl_transform": "label_permutation",
-    "cfsl_base": "shards",
-    "local_test_fraction": 0.2,
-    # Ada-FedSemi
-    "ada_variant": "noniid",
-    "ada_zeta": 0.5,
-    "server_unlabeled_size": 0,
-    "server_unlabeled_extra": False,
-    "server_unlabeled_fraction": 1.0,
+# The scheme -> the group of `partition` holding its knobs.
+SCHEME_GROUP = {
+    "subset": "dofed",
+    "normal": "dofed",
+    "cofed": "cofed",
+    "cfsl": "cfsl",
+    "ada": "ada",
 }
 
 
-def check_knobs(scheme: str, knobs: dict[str, Any]) -> dict[str, Any]:
+# Knobs of the paper schemes and their defaults, by group (`partition.<group>.<knob>`).
+# PartitionConfig's groups (config_groups.py) carry the same fields and defaults (tests check
+# they agree); see there for what each one means.
+PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "dofed": {  # DoFed-SPP SUBSET / NORMAL
+        "n_clusters": 5,
+        "assignment": "even",
+        "train_per_class": 500,
+        "target_per_class": 200,
+        "target_labeled_fraction": 0.05,
+        "test_per_class": 100,
+        "min_classes": 2,
+        "max_classes": 10,
+        "reject": "identical",
+        "size_mode": "fixed_total",
+        "overlap": "allow",
+    },
+    "cofed": {  # CoFED (its CIFAR-100 setup, paper §5.2)
+        "variant": "iid",
+        "min_classes": 6,
+        "max_classes": 8,
+        "samples_per_class": 50,
+        "max_subclasses": 2,
+        "public_fraction": 0.2,
+        "train_share": 0.4,
+        "label_space": "present",
+    },
+    "cfsl": {
+        "num_edges": 3,
+        "clusters": 2,
+        "transform": "label_permutation",
+        "base": "shards",
+        "local_test_fraction": 0.2,
+    },
+    "ada": {  # Ada-FedSemi
+        "variant": "noniid",
+        "zeta": 0.5,
+        "server_unlabeled_size": 0,
+        "server_unlabeled_extra": False,
+        "server_unlabeled_fraction": 1.0,
+    },
+}
+
+
+def check_knobs(scheme: str, knobs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Validates the scheme and the paper-scheme knobs without looking at a dataset.
 
     Every knob is checked whatever the scheme, so a bad value never lies dormant in a config.
 
     Args:
       scheme: ``partition.scheme``.
-      knobs: a subset of :data:`PAPER_DEFAULTS`' keys; missing ones take the defaults.
+      knobs: group -> {knob: value}, a subset of :data:`PAPER_DEFAULTS`' groups and keys;
+        missing ones take the defaults.
 
     Returns:
-      The complete knob dict.
+      The complete knobs, group -> {knob: value}.
 
     Raises:
-      ValueError: ``partition.<knob>=<value> is invalid; <allowed>`` for the first bad knob.
+      ValueError: ``partition.<group>.<knob>=<value> is invalid; <allowed>`` for the first bad
+      knob.
     """
     _check(scheme in SCHEMES, "partition.scheme", scheme, f"allowed: {list(SCHEMES)}")
-    for key, value in knobs.items():
-        _check(key in PAPER_DEFAULTS, f"partition.{key}", value, "unknown partition knob")
-    k = {**PAPER_DEFAULTS, **knobs}
+    k: dict[str, dict[str, Any]] = {}
+    for group, defaults in PAPER_DEFAULTS.items():
+        given = knobs.get(group, {})
+        for key, value in given.items():
+            _check(key in defaults, f"partition.{group}.{key}", value, "unknown partition knob")
+        k[group] = {**defaults, **given}
+    for group, value in knobs.items():
+        _check(group in PAPER_DEFAULTS, f"partition.{group}", value, "unknown partition group")
+
+    def get(name: str) -> Any:
+        group, key = name.split(".")
+        return k[group][key]
 
     def choice(name: str, allowed: tuple[str, ...]) -> None:
-        _check(k[name] in allowed, f"partition.{name}", k[name], f"allowed: {list(allowed)}")
+        _check(get(name) in allowed, f"partition.{name}", get(name), f"allowed: {list(allowed)}")
 
     def integer(name: str, lo: int) -> None:
-        v = k[name]
+        v = get(name)
         _check(_is_int(v) and v >= lo, f"partition.{name}", v, f"must be an integer >= {lo}")
 
     def fraction(name: str, lo: float, hi: float, lo_open: bool, hi_open: bool) -> None:
-        v = k[name]
+        v = get(name)
         ok = _is_num(v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
         bounds = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
         _check(ok, f"partition.{name}", v, f"must be a number in {bounds}")
 
-    integer("n_clusters", 2)  # a client's train and target clusters must differ
-    choice("assignment", ASSIGNMENTS)
-    integer("train_per_class", 1)
-    integer("target_per_class", 1)
-    fraction("target_labeled_fraction", 0.0, 1.0, lo_open=True, hi_open=False)
-    integer("test_per_class", 1)
-    integer("normal_min_classes", 1)
-    integer("normal_max_classes", 1)
-    _check(
-        k["normal_max_classes"] >= k["normal_min_classes"],
-        "partition.normal_max_classes",
-        k["normal_max_classes"],
-        f"must be >= partition.normal_min_classes={k['normal_min_classes']}",
-    )
-    choice("normal_reject", NORMAL_REJECTS)
-    choice("normal_size_mode", NORMAL_SIZE_MODES)
-    choice("overlap", OVERLAPS)
-    choice("cofed_variant", COFED_VARIANTS)
-    integer("cofed_min_classes", 1)
-    integer("cofed_max_classes", 1)
-    _check(
-        k["cofed_max_classes"] >= k["cofed_min_classes"],
-        "partition.cofed_max_classes",
-        k["cofed_max_classes"],
-        f"must be >= partition.cofed_min_classes={k['cofed_min_classes']}",
-    )
-    integer("samples_per_class", 1)
-    integer("cofed_max_subclasses", 1)
-    fraction("public_fraction", 0.0, 1.0, lo_open=False, hi_open=True)
-    fraction("cofed_train_share", 0.0, 1.0, lo_open=True, hi_open=True)
-    choice("cofed_label_space", COFED_LABEL_SPACES)
-    integer("num_edges", 1)
-    integer("cfsl_clusters", 1)
-    choice("cfsl_transform", CFSL_TRANSFORMS)
-    if k["cfsl_transform"] == "rotation":
+    def ordered(group: str) -> None:  # max_classes >= min_classes
+        lo, hi = k[group]["min_classes"], k[group]["max_classes"]
         _check(
-            k["cfsl_clusters"] <= 4,
-            "partition.cfsl_clusters",
-            k["cfsl_clusters"],
-            "must be <= 4 with partition.cfsl_transform=rotation (multiples of 90 degrees)",
+            hi >= lo,
+            f"partition.{group}.max_classes",
+            hi,
+            f"must be >= partition.{group}.min_classes={lo}",
         )
-    choice("cfsl_base", GENERIC_SCHEMES)
-    fraction("local_test_fraction", 0.0, 1.0, lo_open=False, hi_open=True)
-    choice("ada_variant", VARIANTS)
-    fraction("ada_zeta", 0.0, 1.0, lo_open=False, hi_open=False)
-    integer("server_unlabeled_size", 0)
-    v = k["server_unlabeled_extra"]
-    _check(isinstance(v, bool), "partition.server_unlabeled_extra", v, "must be true or false")
-    v = k["server_unlabeled_fraction"]
+
+    integer("dofed.n_clusters", 2)  # a client's train and target clusters must differ
+    choice("dofed.assignment", ASSIGNMENTS)
+    integer("dofed.train_per_class", 1)
+    integer("dofed.target_per_class", 1)
+    fraction("dofed.target_labeled_fraction", 0.0, 1.0, lo_open=True, hi_open=False)
+    integer("dofed.test_per_class", 1)
+    integer("dofed.min_classes", 1)
+    integer("dofed.max_classes", 1)
+    ordered("dofed")
+    choice("dofed.reject", NORMAL_REJECTS)
+    choice("dofed.size_mode", NORMAL_SIZE_MODES)
+    choice("dofed.overlap", OVERLAPS)
+    choice("cofed.variant", COFED_VARIANTS)
+    integer("cofed.min_classes", 1)
+    integer("cofed.max_classes", 1)
+    ordered("cofed")
+    integer("cofed.samples_per_class", 1)
+    integer("cofed.max_subclasses", 1)
+    fraction("cofed.public_fraction", 0.0, 1.0, lo_open=False, hi_open=True)
+    fraction("cofed.train_share", 0.0, 1.0, lo_open=True, hi_open=True)
+    choice("cofed.label_space", COFED_LABEL_SPACES)
+    integer("cfsl.num_edges", 1)
+    integer("cfsl.clusters", 1)
+    choice("cfsl.transform", CFSL_TRANSFORMS)
+    if k["cfsl"]["transform"] == "rotation":
+        _check(
+            k["cfsl"]["clusters"] <= 4,
+            "partition.cfsl.clusters",
+            k["cfsl"]["clusters"],
+            "must be <= 4 with partition.cfsl.transform=rotation (multiples of 90 degrees)",
+        )
+    choice("cfsl.base", GENERIC_SCHEMES)
+    fraction("cfsl.local_test_fraction", 0.0, 1.0, lo_open=False, hi_open=True)
+    choice("ada.variant", VARIANTS)
+    fraction("ada.zeta", 0.0, 1.0, lo_open=False, hi_open=False)
+    integer("ada.server_unlabeled_size", 0)
+    v = k["ada"]["server_unlabeled_extra"]
+    _check(isinstance(v, bool), "partition.ada.server_unlabeled_extra", v, "must be true or false")
+    v = k["ada"]["server_unlabeled_fraction"]
     _check(
         _is_num(v) and 0 < v <= 1,
-        "partition.server_unlabeled_fraction",
+        "partition.ada.server_unlabeled_fraction",
         v,
         "must be a share of the pool in (0, 1] (Fig. 13's 0% point is a run in which no "
         "pseudo-label passes: algorithm.adaptive_c=false algorithm.fixed_c=1.0)",

@@ -1,15 +1,15 @@
 """``natural``: the dataset's own clients (LEAF's FEMNIST writers, the ``client_train`` /
 ``client_test`` ids of an ``npz:`` file) instead of a drawn partition.
 
-Clients come from ``ds.extra["writer_train"]`` (and ``["writer_test"]`` where given), each
-example's index into ``ds.extra["writers"]``, as ``load_femnist`` and ``load_npz`` give them.
+Clients come from ``ds.side["writer_train"]`` (and ``["writer_test"]`` where given), each
+example's index into ``ds.side["writers"]``, as ``load_femnist`` and ``load_npz`` give them.
 The participants are the ``num_clients`` natural clients with the most training rows (ties
 by id order), client 0 the largest. Each participant's training rows are split into
 ``labeled`` / ``unlabeled`` as in the generic schemes (``partition.labeled_mode``). Its
 ``test`` role is its own test rows when the dataset has test client ids, else the test split
 dealt by its train class proportions (as the generic schemes deal it). ``test_global``: the
 whole test split. Official split only, no val split. Assignment ``writer`` [C]: each
-participant's index into ``ds.extra["writers"]``.
+participant's index into ``ds.side["writers"]``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ __all__ = ["build"]
 def _ids(inp: SchemeInput, split: str) -> np.ndarray | None:
     """``int64 [n_split]`` client index per row of ``split``, or None if the dataset has none."""
     ds, key = inp.ds, f"writer_{split}"
-    ids = (ds.extra or {}).get(key)
+    ids = (ds.side or {}).get(key)
     if ids is None:
         return None
     n = len(getattr(ds, f"y_{split}"))
@@ -45,7 +45,7 @@ def _ids(inp: SchemeInput, split: str) -> np.ndarray | None:
         len(ids) == n,
         "partition.scheme",
         inp.scheme,
-        f"needs one client id per example, but {ds.name} has {len(ids)} in extra[{key!r}] for "
+        f"needs one client id per example, but {ds.name} has {len(ids)} in side[{key!r}] for "
         f"{n} {split} examples",
     )
     return np.asarray(ids, np.int64)
