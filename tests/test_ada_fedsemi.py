@@ -24,8 +24,8 @@ from conftest import run_rounds as run
 from fedjax_semi import experiment
 from fedjax_semi.algorithms.ada_fedsemi_config import participant_counts
 from fedjax_semi.algorithms.ada_run import PreferenceSwitch
+from fedjax_semi.algorithms.ada_state import AdaState
 from fedjax_semi.engine.loop import Run, pseudo_label_accuracy
-from fedjax_semi.engine.state import FLState
 from fedjax_semi.errors import ConfigError
 from fedjax_semi.kernels.bandit import P_ARMS, participants
 from fedjax_semi.results.run import simulate
@@ -74,7 +74,7 @@ def test_every_p_arm_selects_ceil_pm_clients_in_one_compiled_round(ada):
     alg, c = ada.alg, ada.cfg.algorithm
     sim_time = traffic = 0.0
     for arm in range(10):
-        state = state.replace(extra={**state.extra, "p_arm": jnp.int32(arm)})
+        state = state.replace(agent_p=state.agent_p.replace(arm=jnp.int32(arm)))
         state, m = runner.round(state)
         m = jax.device_get(m)
         n = math.ceil((arm + 1) * M / 10)
@@ -107,8 +107,8 @@ def test_fedsemi_with_c_one_is_fedavg_p_bit_for_bit():
         assert a["val_acc"] == a["val_acc_half"]  # nothing trained on the server
         for key in ("val_acc", "accuracy", "train_loss", "round_time_s", "cum_cost"):
             assert a[key] == b[key], key
-    chex.assert_trees_all_equal(sa[-1].global_vars, sb[-1].global_vars)
-    assert bool(sa[-1].extra["has_pl"]) and not bool(sb[-1].extra["has_pl"])
+    chex.assert_trees_all_equal(sa[-1].w, sb[-1].w)
+    assert bool(sa[-1].labels.ready) and not bool(sb[-1].labels.ready)
 
 
 def test_server_epoch_runs_ceil_n_over_b_steps(fixed):
@@ -141,8 +141,8 @@ def test_chunk_and_reference_agree(ada):
                 )
             assert abs(int(a["num_pseudo"]) - int(b["num_pseudo"])) <= 1  # a conf at C
         pairs = zip(
-            jax.tree.leaves(states[-1].global_vars),
-            jax.tree.leaves(ref_states[-1].global_vars),
+            jax.tree.leaves(states[-1].w),
+            jax.tree.leaves(ref_states[-1].w),
             strict=True,
         )
         for x, y in pairs:
@@ -157,8 +157,8 @@ def test_validation_set_never_trains(fixed, ada):
     states, rows = run(runner, 2)
     with swapped_data(runner, corrupt_server_labels(fixed.fed, "server_val", visible=True)) as r:
         bad_states, bad_rows = run(r, 2, r.alg.init(jax.random.PRNGKey(0), r.fed))
-    chex.assert_trees_all_equal(states[-1].global_vars, bad_states[-1].global_vars)
-    chex.assert_trees_all_equal(states[-1].extra["teacher"], bad_states[-1].extra["teacher"])
+    chex.assert_trees_all_equal(states[-1].w, bad_states[-1].w)
+    chex.assert_trees_all_equal(states[-1].w_tilde, bad_states[-1].w_tilde)
     assert rows[-1]["val_acc"] != bad_rows[-1]["val_acc"]
     assert rows[-1]["accuracy"] == bad_rows[-1]["accuracy"]
 
@@ -166,8 +166,8 @@ def test_validation_set_never_trains(fixed, ada):
     states, _ = run(runner, 1)
     with swapped_data(runner, corrupt_server_labels(ada.fed, "server_val", visible=True)) as r:
         bad_states, _ = run(r, 1, r.alg.init(jax.random.PRNGKey(0), r.fed))
-    chex.assert_trees_all_equal(states[1].global_vars, bad_states[1].global_vars)
-    assert not np.array_equal(states[1].extra["u_prev"], bad_states[1].extra["u_prev"])
+    chex.assert_trees_all_equal(states[1].w, bad_states[1].w)
+    assert not np.array_equal(states[1].u_prev, bad_states[1].u_prev)
 
 
 def test_hidden_pool_labels_change_only_the_pseudo_label_accuracy(fixed):
@@ -209,21 +209,23 @@ def test_spent_budget_stops_the_run_in_the_loop(tmp_path, budget):
         np.testing.assert_allclose(r["round_cost"], phi, rtol=1e-5)
 
 
-def test_preference_switch_hook_sets_each_replicas_flag():
+def test_preference_switch_hook_sets_each_replicas_flag(ada):
     """The test-accuracy switch runs between rounds: a replica whose evaluated accuracy reached
-    the threshold gets its flag, the others (and rows without an evaluation) do not."""
-    state = FLState(jnp.zeros(2, jnp.int32), {}, {}, {}, jnp.zeros(2),
-                    {"switched": jnp.zeros(2, bool)})  # fmt: skip
+    the threshold gets its flag, the others (and rows without an evaluation) do not; nothing
+    else of the state changes."""
+    one = ada.alg.init(jax.random.PRNGKey(0), ada.fed)
+    assert isinstance(one, AdaState) and not bool(one.switched)
+    state = jax.tree.map(lambda a: jnp.stack([a, a]), one)  # two replicas: leaves [2, ...]
     run_ = Run(dirs=[Path("a"), Path("b")], seeds=(0, 1), rounds=3, state=state)
     hook = PreferenceSwitch(0.6)
     hook.round(run_, 1, {0: {"accuracy": 0.59}, 1: {"accuracy": 0.6}})
-    assert run_.state.extra["switched"].tolist() == [False, True]
+    assert run_.state.switched.tolist() == [False, True]
     hook.round(run_, 2, {0: {"round": 2}, 1: {"round": 2}})  # no evaluation this round
-    assert run_.state.extra["switched"].tolist() == [False, True]
-    single = Run(dirs=[Path("a")], seeds=None, rounds=3, state=state.replace(
-        extra={"switched": jnp.zeros((), bool)}))  # fmt: skip
+    assert run_.state.switched.tolist() == [False, True]
+    chex.assert_trees_all_equal(run_.state.replace(switched=state.switched), state)
+    single = Run(dirs=[Path("a")], seeds=None, rounds=3, state=one)
     hook.round(single, 1, {0: {"accuracy": 0.7}})
-    assert bool(single.state.extra["switched"])
+    assert isinstance(single.state, AdaState) and bool(single.state.switched)
 
 
 def test_heterogeneous_tx2_clock_and_the_validation_switch():

@@ -384,7 +384,7 @@ def test_round_clock_depths_and_waiting_ratio(hetero, hetero_rows):
         wait = 100 * np.mean((t[sel].max() - t[sel]) / t[sel].max())
         np.testing.assert_allclose(m["wait_ratio"], wait, rtol=1e-4)
         for name in ("psi_hat", "gamma_hat"):  # kept where not selected
-            before, after = (np.asarray(s.extra[name]) for s in (states[k - 1], states[k]))
+            before, after = (np.asarray(getattr(s, name)) for s in (states[k - 1], states[k]))
             assert np.array_equal(before[~sel], after[~sel])
         # renewed where selected (the bandwidth is redrawn every round; the compute speed of a
         # client that trains the same depth in one mode period is the same number again)
@@ -402,13 +402,13 @@ def test_masked_full_model_equals_group_per_depth(hetero, runner1, hetero_rows):
     deeper exits, so XLA fuses and orders some float32 sums differently: 6e-8 measured)."""
     alg, runner = hetero.alg, runner1
     state, key, data = hetero_rows[0][1], runner._keys, runner.data  # after round 1
-    plan, inputs, shared = jax.jit(alg.prepare)(state, data, key)
+    plan, inputs, shared = jax.jit(alg.select)(state, data, key)
     masked_out = jax.jit(lambda i, s: map_clients(alg.client_update, i, s, chunk=1))(inputs, shared)
     masked = jax.jit(alg.aggregate)(state, plan, masked_out)
 
     depth = np.asarray(plan.depth)
     assert len(set(depth[depth > 0].tolist())) >= 2  # several depth groups this round
-    g = state.global_vars["params"]
+    g = state.w["params"]
     uploads: dict[int, dict] = {}
     for b in range(1, L + 1):
         ids = np.flatnonzero(depth == b)
@@ -430,7 +430,7 @@ def test_masked_full_model_equals_group_per_depth(hetero, runner1, hetero_rows):
         out = jax.jit(lambda i, s, f=train: map_clients(f, i, s, chunk=1))(group, shared)
         for j, m in enumerate(ids):
             uploads[int(m)] = jax.tree.map(lambda a, j=j: a[j], out)
-    weights = np.asarray(masked_out["weight"])
+    weights = np.asarray(masked_out.weight)
     for name, leaf in g.items():
         b = exit_part(name)
         w = jnp.asarray(np.where(depth >= b, weights, 0.0), jnp.float32)
@@ -462,8 +462,8 @@ def test_chunk_and_reference_agree(hetero, hetero_rows):
                         "round_time_s", "wait_ratio", "cum_cost"):  # fmt: skip
                 np.testing.assert_allclose(a[key], b[key], atol=1e-4, err_msg=f"{label} {r} {key}")
         pairs = zip(
-            jax.tree.leaves(states[-1].global_vars),
-            jax.tree.leaves(ref_states[-1].global_vars),
+            jax.tree.leaves(states[-1].w),
+            jax.tree.leaves(ref_states[-1].w),
             strict=True,
         )
         for x, y in pairs:
@@ -488,8 +488,8 @@ def test_validation_set_never_trains(hetero, runner1, hetero_rows):
     states, rows = hetero_rows
     with swapped_data(runner, corrupt_server_labels(hetero.fed, "server_val", visible=True)) as r:
         bad_states, bad_rows = run(r, 3, r.alg.init(jax.random.PRNGKey(0), r.fed))
-    chex.assert_trees_all_equal(states[-1].global_vars, bad_states[-1].global_vars)
-    chex.assert_trees_all_equal(states[-1].extra["teacher"], bad_states[-1].extra["teacher"])
+    chex.assert_trees_all_equal(states[-1].w, bad_states[-1].w)
+    chex.assert_trees_all_equal(states[-1].w_tilde, bad_states[-1].w_tilde)
     assert rows[-1]["val_acc"] != bad_rows[-1]["val_acc"]
     assert rows[-1]["accuracy"] == bad_rows[-1]["accuracy"]
 
@@ -502,12 +502,12 @@ def test_update_mask_in_the_round(hetero, runner1, hetero_rows):
     alg = dataclasses.replace(hetero.alg, cfg=cfg)
     runner = runner1
     state = hetero_rows[0][1]
-    plan, inputs, shared = jax.jit(alg.prepare)(state, runner.data, runner._keys)
+    plan, inputs, shared = jax.jit(alg.select)(state, runner.data, runner._keys)
     out = jax.jit(lambda i, s: map_clients(alg.client_update, i, s, chunk=1))(inputs, shared)
-    g = state.global_vars["params"]
+    g = state.w["params"]
     for m, d in enumerate(np.asarray(plan.depth)):
         for name, leaf in g.items():
-            got = jax.tree.map(lambda a, m=m: a[m], out["vars"]["params"][name])
+            got = jax.tree.map(lambda a, m=m: a[m], out.w["params"][name])
             same = all(np.array_equal(a, b) for a, b in
                        zip(jax.tree.leaves(got), jax.tree.leaves(leaf), strict=True))  # fmt: skip
             assert same == (exit_part(name) > d), (m, d, name)

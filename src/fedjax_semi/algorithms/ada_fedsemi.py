@@ -4,24 +4,25 @@ Client and Data Selection": Algorithms 1-2, Eqs. 2-18), and its baselines FedSem
 fixed) and FedAvg-P (FedSemi-P-1.0: no pseudo-label is ever selected).
 
     init: w_1; u_{0,C} = acc(w_1; D_V); two Boltzmann agents (r_hat = q0) draw P_1, C_1 (Eq. 18)
-    each round k (one compiled program; every shape is independent of P_k and C_k):
-      prepare   n_k = ceil(P_k M); the first n_k of a random permutation of all M clients are
+    each round k (`round`, one compiled program; every shape is independent of P_k and C_k):
+      select    n_k = ceil(P_k M); the first n_k of a random permutation of all M clients are
                 selected (Alg. 1 line 4); the others get an empty table, so they train nothing
       clients   tau SGD steps with momentum from the broadcast w_k at eta_k (Eq. 4; stateless)
-      finish    w_{k+1/2} = sum N_m w_{k,m} / sum N_m over the selected (Eq. 5)
-                teacher = gamma w_{k+1/2} + (1 - gamma) teacher (Eq. 12; round 1: w_{1+1/2})
+      server    w_{k+1/2} = sum N_m w_{k,m} / sum N_m over the selected (Eq. 5)
+                teacher w~ = gamma w_{k+1/2} + (1 - gamma) w~ (Eq. 12; round 1: w_{1+1/2})
                 every R rounds: the teacher labels the pool D_U (Eqs. 2, 6)
                 D_{k,U} = {j: a_j > C_k}; w_{k+1} = one SGD epoch of w_{k+1/2} on it (Eq. 7)
                 u_P, u_C = acc(w_{k+1/2}; D_V), acc(w_{k+1}; D_V) (decisions only, never training)
                 t_k, b_k, Phi_k (Eqs. 8-10); rewards (Eqs. 14-16); agents updated (Eq. 17; the
                 C agent only once pseudo-labels exist) and P_{k+1}, C_{k+1} drawn (Eq. 18)
 
-The learning rate eta_k is Eq. 13's, for the clients and the server alike. Time is simulated:
-state.sim_time advances by t_k (seconds) and never reads the wall clock; each client's t_{k,m}
-is the homogeneous `client_time_s` (Secs. 5.3-5.7) or, with systems=tx2, a heterogeneous Jetson
-TX2 (Sec. 5.8), where the waiting ratio (Eq. 34) measures the stragglers. A spent budget (Eq. 11)
-stops the run in the run loop (`stop_reason`); alpha can change once the accuracy reaches a
-threshold (Figs. 9-10, `alpha_switch_at`). HeteroAda-FedSemi (hetero_ada.py) extends this class.
+The state is `ada_state.AdaState`. The learning rate eta_k is Eq. 13's, for the clients and the
+server alike. Time is simulated: state.sim_time advances by t_k (seconds) and never reads the
+wall clock; each client's t_{k,m} is the homogeneous `client_time_s` (Secs. 5.3-5.7) or, with
+systems=tx2, a heterogeneous Jetson TX2 (Sec. 5.8), where the waiting ratio (Eq. 34) measures
+the stragglers. A spent budget (Eq. 11) stops the run in the run loop (`stop_reason`); alpha can
+change once the accuracy reaches a threshold (Figs. 9-10, `alpha_switch_at`). HeteroAda-FedSemi
+(hetero_ada.py) extends this class.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from fedjax_semi.algorithms import ada_run
 from fedjax_semi.algorithms.ada_fedsemi_config import (
@@ -39,9 +39,10 @@ from fedjax_semi.algorithms.ada_fedsemi_config import (
     participant_counts,
     read_p_trace,
 )
+from fedjax_semi.algorithms.ada_pool import confident, pseudo_label, teacher_ema
+from fedjax_semi.algorithms.ada_state import AdaPlan, AdaState, AdaUpload, Agent, PoolLabels, Spent
 from fedjax_semi.algorithms.base import (
     ClientTable,
-    FLState,
     Mapper,
     Method,
     RoundShared,
@@ -52,6 +53,7 @@ from fedjax_semi.algorithms.base import (
 )
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine import aggregate
+from fedjax_semi.engine.clients import Clients
 from fedjax_semi.engine.keys import (
     ADA_C_ARM,
     ADA_P_ARM,
@@ -74,7 +76,7 @@ from fedjax_semi.engine.train import (
 )
 from fedjax_semi.errors import bad
 from fedjax_semi.kernels import ada_schedule
-from fedjax_semi.kernels.bandit import bandit_init, select_arm, update_arm
+from fedjax_semi.kernels.bandit import BanditState, bandit_init, select_arm, update_arm
 from fedjax_semi.systems import ada_cost, tx2, wireless
 
 PyTree = Any
@@ -82,55 +84,7 @@ PyTree = Any
 POOL, VAL = "server_unlabeled", "server_val"  # the ada partition's server sets
 
 
-# ----------------------------------------------------------------------------- kernels
-
-
-def teacher_ema(w_half: PyTree, teacher: PyTree, gamma: float, first: jax.Array) -> PyTree:
-    """Eq. 12: gamma w_{k+1/2} + (1 - gamma) w~_{k-1}; w_{1+1/2} itself in round 1 (`first`)."""
-    return jax.tree.map(
-        lambda a, b: jnp.where(first, a, gamma * a + (1.0 - gamma) * b).astype(a.dtype),
-        w_half,
-        teacher,
-    )
-
-
-def pseudo_label(model, variables: PyTree, x: jax.Array, idx: jax.Array, batch: int):
-    """Eqs. 2 and 6: the teacher's confidence a_j = max_q p_jq and label argmax_q p_jq of every
-    pool sample idx [N] (deterministic forward, in chunks of `batch`) -> (f32 [N], int32 [N])."""
-    n = idx.shape[0]
-    nb = -(-n // batch)
-    padded = jnp.pad(idx, (0, nb * batch - n)).reshape(nb, batch)
-
-    def one(ids):
-        logits, _ = model.apply(variables, x[ids])
-        p = jax.nn.softmax(logits.astype(jnp.float32), -1)
-        return jnp.max(p, -1), jnp.argmax(p, -1).astype(jnp.int32)
-
-    conf, yhat = jax.lax.map(one, padded)
-    return conf.reshape(-1)[:n], yhat.reshape(-1)[:n]
-
-
-def confident(conf: jax.Array, threshold: jax.Array, has_pl: jax.Array) -> jax.Array:
-    """D_{k,U}: a_j > C_k (strict, the paper's set definition, so C = 1.0 selects nothing) once
-    pseudo-labels exist. bool [N]."""
-    return has_pl & (conf > threshold)
-
-
 # ----------------------------------------------------------------------------- the method
-
-
-@struct.dataclass
-class AdaPlan:
-    """prepare -> finish: the selection sel bool [M] and n_k int32 [], and what the server's
-    phase reads of the training view (inputs x, visible labels y, pool and validation ids)."""
-
-    sel: jax.Array
-    n: jax.Array
-    x: jax.Array
-    y: jax.Array
-    pool: jax.Array
-    val: jax.Array
-    depth: jax.Array | None = None  # HeteroAda-FedSemi: each client's depth d_m int32 [M]
 
 
 @dataclasses.dataclass
@@ -190,7 +144,8 @@ class AdaFedSemi(Method):
 
     # ------------------------------------------------------------------ state
 
-    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
+    def init(self, key: jax.Array, fed: FederatedData) -> AdaState:
+        """w_1, u_{0,C}, fresh agents and their draws of P_1 and C_1 (Eq. 18)."""
         c = self.cfg
         for name, what in ((POOL, "unlabeled pool"), (VAL, "validation set")):
             if name not in fed.server:
@@ -202,77 +157,89 @@ class AdaFedSemi(Method):
             if fed.server[name].shape[0] == 0:
                 knob = "labeled_fraction" if name == POOL else "val_fraction"
                 raise bad(f"partition.{knob}", "(empty)", f"a non-empty server {what}")
-        gv = self.model.init(client_key(key, INIT, 0, 0))
+        w = self.model.init(client_key(key, INIT, 0, 0))
         n_pool = fed.server[POOL].shape[0]
         if c.init_val_acc == "measure":  # our choice: u_{0,C} measured, not Alg. 1's 0
-            u0 = self._val_acc(gv, fed.x, fed.y, fed.server[VAL])
+            u0 = self._val_acc(w, fed.x, fed.y, fed.server[VAL])
         else:
             u0 = jnp.float32(0.0)
-        p_agent = bandit_init(len(self.p_values), c.q0)
-        c_agent = bandit_init(len(self.c_values), c.q0)
-        extra = {
-            "teacher": gv,
-            "conf": jnp.zeros((n_pool,), jnp.float32),
-            "yhat": jnp.zeros((n_pool,), jnp.int32),
-            "has_pl": jnp.zeros((), bool),
-            "p_agent": p_agent,
-            "c_agent": c_agent,
-            "p_arm": self._next_p_arm(key, 0, p_agent),  # P_1 (Eq. 18)
-            "c_arm": self._next_arm(key, ADA_C_ARM, 0, c_agent, c.adaptive_c),  # C_1
-            "u_prev": jnp.asarray(u0, jnp.float32),
-            "traffic_gb": jnp.zeros((), jnp.float32),
-            "cost": jnp.zeros((), jnp.float32),
-            "wait_sum": jnp.zeros((), jnp.float32),  # Eq. 34's sums over the rounds so far
-            "wait_count": jnp.zeros((), jnp.float32),
-            "switched": jnp.zeros((), bool),  # the preference switch happened (Figs. 9-10)
-            "done": jnp.zeros((), bool),
-        }
-        return FLState(
+        p_bandit = bandit_init(len(self.p_values), c.q0)
+        c_bandit = bandit_init(len(self.c_values), c.q0)
+        zero = jnp.zeros((), jnp.float32)
+        return AdaState(
             round=jnp.zeros((), jnp.int32),
-            global_vars=gv,
-            client_vars={},
-            client_opt={},
             sim_time=jnp.zeros((), jnp.float32),
-            extra=extra,
+            w=w,
+            w_tilde=w,
+            labels=PoolLabels(
+                a=jnp.zeros((n_pool,), jnp.float32),
+                y_hat=jnp.zeros((n_pool,), jnp.int32),
+                ready=jnp.zeros((), bool),
+            ),
+            agent_p=Agent(p_bandit, self._next_p_arm(key, 0, p_bandit)),  # P_1 (Eq. 18)
+            agent_c=Agent(c_bandit, self._next_arm(key, ADA_C_ARM, 0, c_bandit, c.adaptive_c)),
+            u_prev=jnp.asarray(u0, jnp.float32),
+            spent=Spent(traffic_gb=zero, cost=zero, wait_sum=zero, wait_count=zero),
+            switched=jnp.zeros((), bool),
+            done=jnp.zeros((), bool),
         )
 
-    def _next_p_arm(self, key, rnd, agent) -> jax.Array:
+    def _next_p_arm(self, key, rnd, bandit: BanditState) -> jax.Array:
         """P_{rnd+1}'s arm: the replayed trace's, else the P agent's (Eq. 18) or the fixed P."""
         if self.p_trace_arms is not None:
             return self.p_trace_arms[jnp.minimum(rnd, self.p_trace_arms.shape[0] - 1)]
-        return self._next_arm(key, ADA_P_ARM, rnd, agent, self.cfg.adaptive_p)
+        return self._next_arm(key, ADA_P_ARM, rnd, bandit, self.cfg.adaptive_p)
 
-    def _next_arm(self, key, purpose: int, rnd, agent, adaptive: bool) -> jax.Array:
+    def _next_arm(self, key, purpose: int, rnd, bandit: BanditState, adaptive: bool) -> jax.Array:
         if not adaptive:
             return jnp.zeros((), jnp.int32)
-        return select_arm(round_key(key, purpose, rnd), agent, self.cfg.psi)
+        return select_arm(round_key(key, purpose, rnd), bandit, self.cfg.psi)
 
     # ------------------------------------------------------------------ one round
 
-    def prepare(self, state: FLState, data: TrainView, key: jax.Array):
-        ex, m = state.extra, self.num_clients
+    def round(
+        self,
+        state: AdaState,
+        data: TrainView,
+        key: jax.Array,
+        clients: Clients,
+        flags: tuple = (),
+    ) -> tuple[AdaState, dict]:
+        """One round k of Algorithm 1, top-down: select n_k = ceil(P_k M) clients and send them
+        w_k, map the clients (Eq. 4), then the server's update (Eqs. 5-18)."""
+        plan, rows, shared = clients.server(self.select)(state, data, key)  # Alg. 1 line 4
+        up = clients.map(self.client_update, rows, shared)  # Eq. 4
+        return clients.server(self.server_update)(state, plan, up, key)  # Eqs. 5-18
+
+    def select(
+        self, state: AdaState, data: TrainView, key: jax.Array
+    ) -> tuple[AdaPlan, ClientTable, RoundShared]:
+        """Alg. 1 line 4: n_k = ceil(P_k M) clients of all M, as a mask (every client gets a row
+        [M], an empty table when not selected), and w_k broadcast to them."""
+        m = self.num_clients
         r = state.round + 1
-        n = jnp.asarray(self.n_table, jnp.int32)[ex["p_arm"]]
+        n = jnp.asarray(self.n_table, jnp.int32)[state.agent_p.arm]
         # n_k of a permutation of all M clients: one compiled round serves every arm.
         perm = jax.random.permutation(round_key(key, ADA_SELECT, r), m)
         rank = jnp.zeros((m,), jnp.int32).at[perm].set(jnp.arange(m, dtype=jnp.int32))
-        sel = (rank < n) & ~ex["done"]
+        sel = (rank < n) & ~state.done
         lab = data.roles["labeled"]
-        inputs = ClientTable(jnp.arange(m), RoleTable(lab.idx, jnp.where(sel, lab.count, 0)))
-        shared = RoundShared(state.global_vars, data.x, data.y, state.round, key)
+        rows = ClientTable(jnp.arange(m), RoleTable(lab.idx, jnp.where(sel, lab.count, 0)))
+        shared = RoundShared(state.w, data.x, data.y, state.round, key)
         plan = AdaPlan(sel, n, data.x, data.y, data.server[POOL], data.server[VAL])
-        return plan, inputs, shared
+        return plan, rows, shared
 
-    def client_update(self, inp: ClientTable, shared: RoundShared) -> dict:
+    def client_update(self, row: ClientTable, shared: RoundShared) -> AdaUpload:
+        """Eq. 4: tau SGD steps from w_k at eta_k; the weight N_m of Eq. 5."""
         eta = self.lr_at(shared.round + 1)
-        new, _, stats = self.train_client(
-            shared.models, inp.table, shared, inp.id, SAMPLE, DROPOUT, tx=self._tx(eta)
+        w, _, stats = self.train_client(
+            shared.models, row.table, shared, row.id, SAMPLE, DROPOUT, tx=self._tx(eta)
         )
-        return {"vars": new, "weight": inp.table.count.astype(jnp.float32), **stats}
+        return AdaUpload(w=w, weight=row.table.count.astype(jnp.float32), stats=stats)
 
-    def aggregate(self, state: FLState, plan: AdaPlan, out) -> PyTree:
+    def aggregate(self, state: AdaState, plan: AdaPlan, up: AdaUpload) -> PyTree:
         """Eq. 5: w_{k+1/2} = sum N_m w_{k,m} / sum N_m over the selected (weight 0 otherwise)."""
-        return aggregate.weighted_mean(out["vars"], out["weight"])
+        return aggregate.weighted_mean(up.w, up.weight)
 
     def client_times(self, plan: AdaPlan, key: jax.Array, r: jax.Array):
         """Every client's (t^cp, t^cm) in seconds and the bytes of the model it exchanges this
@@ -285,7 +252,21 @@ class AdaFedSemi(Method):
         t_cp, t_cm = tx2.client_times(self.tx2, key, r, m, 1.0, size, c.traffic_directions)
         return t_cp, t_cm, size
 
-    def _server_epoch(self, w_half, plan: AdaPlan, yhat, mask, eta, key, r):
+    def label_pool(
+        self, labels: PoolLabels, w_tilde: PyTree, plan: AdaPlan, r: jax.Array
+    ) -> PoolLabels:
+        """Eqs. 2, 6: every R rounds the teacher w~ labels the whole pool; kept in between."""
+        relabel = r % self.cfg.relabel_every == 0
+        a, y_hat = jax.lax.cond(
+            relabel,
+            lambda: pseudo_label(
+                self.global_eval_model, w_tilde, plan.x, plan.pool, self.eval_batch
+            ),
+            lambda: (labels.a, labels.y_hat),
+        )
+        return PoolLabels(a=a, y_hat=y_hat, ready=labels.ready | relabel)
+
+    def server_epoch(self, w_half, plan: AdaPlan, y_hat, mask, eta, key, r):
         """Eq. 7 as one epoch of mini-batch SGD over D_{k,U} (Eq. 8 charges t_p per sample): the
         selected pool samples first (a table of count n_sel), shuffled by `local_scan`'s epoch
         order; steps past them are skipped, so nothing changes when none is selected."""
@@ -303,33 +284,29 @@ class AdaFedSemi(Method):
             self.server_schedule,
             round_key(key, ADA_SERVER_SAMPLE, r),
             round_key(key, ADA_SERVER_DROPOUT, r),
-            extras={"y": yhat[order]},  # the pseudo-labels, never the hidden labels
+            extras={"y": y_hat[order]},  # the pseudo-labels, never the hidden labels
         )
         return new, stats
 
-    def finish(self, state: FLState, plan: AdaPlan, out, key: jax.Array):
-        c, ex = self.cfg, state.extra
+    def server_update(
+        self, state: AdaState, plan: AdaPlan, up: AdaUpload, key: jax.Array
+    ) -> tuple[AdaState, dict]:
+        """Eqs. 5-18 on the server: aggregate, teacher, pseudo-labels, server epoch, validation,
+        the round's cost, rewards and agents, P_{k+1} and C_{k+1}; the round's metrics."""
+        c = self.cfg
         r = state.round + 1
         eta = self.lr_at(r)
-        w_half = self.aggregate(state, plan, out)  # Eq. 5 (HeteroAda: layer-wise)
-        teacher = teacher_ema(w_half, ex["teacher"], c.gamma, r == 1)  # Eq. 12
-        thresh = jnp.asarray(self.c_values, jnp.float32)[ex["c_arm"]]
+        w_half = self.aggregate(state, plan, up)  # Eq. 5 (HeteroAda: layer-wise)
+        w_tilde = teacher_ema(w_half, state.w_tilde, c.gamma, r == 1)  # Eq. 12
+        thresh = jnp.asarray(self.c_values, jnp.float32)[state.agent_c.arm]  # C_k
         zero = jnp.zeros((), jnp.float32)
         if self.server_training:
-            relabel = r % c.relabel_every == 0
-            conf, yhat = jax.lax.cond(
-                relabel,
-                lambda: pseudo_label(
-                    self.global_eval_model, teacher, plan.x, plan.pool, self.eval_batch
-                ),
-                lambda: (ex["conf"], ex["yhat"]),
-            )
-            has_pl = ex["has_pl"] | relabel
-            mask = confident(conf, thresh, has_pl)
-            w_next, sstats = self._server_epoch(w_half, plan, yhat, mask, eta, key, r)
+            labels = self.label_pool(state.labels, w_tilde, plan, r)  # Eqs. 2, 6
+            mask = confident(labels.a, thresh, labels.ready)  # D_{k,U}
+            w_next, sstats = self.server_epoch(w_half, plan, labels.y_hat, mask, eta, key, r)
             server_loss, server_steps = sstats["loss"], sstats["steps"]
         else:  # FedAvg-P: no pseudo-label can pass C = 1.0, so no pool pass at all
-            conf, yhat, has_pl = ex["conf"], ex["yhat"], ex["has_pl"]
+            labels = state.labels
             mask = jnp.zeros(plan.pool.shape, bool)
             w_next, server_loss, server_steps = w_half, zero, jnp.zeros((), jnp.int32)
         n_pl = jnp.sum(mask).astype(jnp.int32)
@@ -339,61 +316,62 @@ class AdaFedSemi(Method):
         u_c = self._val_acc(w_next, plan.x, plan.y, plan.val)
         # The round's clock (Eqs. 8-10, 34) and the cost preference (Figs. 9-10).
         m = self.num_clients
-        alpha = jnp.where(ex["switched"], c.alpha_after, c.alpha).astype(jnp.float32)
+        alpha = jnp.where(state.switched, c.alpha_after, c.alpha).astype(jnp.float32)
         t_cp, t_cm, size = self.client_times(plan, key, r)
         rc = ada_cost.round_cost(
             t_cp + t_cm, plan.sel, n_pl, alpha, size, c.t_p, c.traffic_directions
         )
         wait, waited = ada_cost.waiting_terms(t_cp + t_cm, plan.sel)
         phi = jnp.where(rc.cost > 0, rc.cost, 1.0)  # 0 only once the run is over
-        du_p, du_c = ada_schedule.accuracy_changes(u_p, u_c, ex["u_prev"])  # Eqs. 14-15
+        du_p, du_c = ada_schedule.accuracy_changes(u_p, u_c, state.u_prev)  # Eqs. 14-15
         r_p, r_c = ada_schedule.reward(du_p, phi), ada_schedule.reward(du_c, phi)  # Eq. 16
-        p_agent, c_agent = ex["p_agent"], ex["c_agent"]
+        p_bandit, c_bandit = state.agent_p.bandit, state.agent_c.bandit
         if c.adaptive_p:
-            p_agent = update_arm(p_agent, ex["p_arm"], r_p, c.beta)  # Eq. 17
+            p_bandit = update_arm(p_bandit, state.agent_p.arm, r_p, c.beta)  # Eq. 17
         if c.adaptive_c:  # the C decision had no effect before any pseudo-label
-            upd = update_arm(c_agent, ex["c_arm"], r_c, c.beta)
-            c_agent = jax.tree.map(lambda a, b: jnp.where(has_pl, a, b), upd, c_agent)
+            upd = update_arm(c_bandit, state.agent_c.arm, r_c, c.beta)
+            c_bandit = jax.tree.map(lambda a, b: jnp.where(labels.ready, a, b), upd, c_bandit)
 
+        # Eq. 11: the budgets and the target end the run.
         sim_time = state.sim_time + rc.time_s
-        traffic_gb = ex["traffic_gb"] + rc.traffic_bytes / ada_cost.BYTES_PER_GB
-        cost = ex["cost"] + rc.cost
+        traffic_gb = state.spent.traffic_gb + rc.traffic_bytes / ada_cost.BYTES_PER_GB
+        cost = state.spent.cost + rc.cost
         inf = jnp.inf
         t_budget = inf if c.time_budget_min is None else c.time_budget_min
         b_budget = inf if c.traffic_budget_gb is None else c.traffic_budget_gb
         over_time = ada_cost.over_budget(sim_time / ada_cost.SEC_PER_MIN, 0.0, t_budget, inf)
         over_traffic = ada_cost.over_budget(0.0, traffic_gb, inf, b_budget)
         reached = c.stop_on_target & (u_c >= (c.target_acc or 0.0))
-        switched = ex["switched"]
+        switched = state.switched
         if c.alpha_switch_at is not None and c.alpha_switch_metric == "val":
             switched = switched | (u_c >= 100.0 * c.alpha_switch_at)
-        new_extra = dict(
-            ex,
-            teacher=teacher,
-            conf=conf,
-            yhat=yhat,
-            has_pl=has_pl,
-            p_agent=p_agent,
-            c_agent=c_agent,
-            p_arm=self._next_p_arm(key, r, p_agent),  # P_{k+1} (Eq. 18)
-            c_arm=self._next_arm(key, ADA_C_ARM, r, c_agent, c.adaptive_c),  # C_{k+1}
+        p_arm = self._next_p_arm(key, r, p_bandit)  # P_{k+1} (Eq. 18)
+        c_arm = self._next_arm(key, ADA_C_ARM, r, c_bandit, c.adaptive_c)  # C_{k+1}
+        new = state.replace(
+            sim_time=sim_time,
+            w=w_next,
+            w_tilde=w_tilde,
+            labels=labels,
+            agent_p=Agent(p_bandit, p_arm),
+            agent_c=Agent(c_bandit, c_arm),
             u_prev=u_c,
-            traffic_gb=traffic_gb,
-            cost=cost,
-            wait_sum=ex["wait_sum"] + wait,
-            wait_count=ex["wait_count"] + waited,
+            spent=Spent(
+                traffic_gb=traffic_gb,
+                cost=cost,
+                wait_sum=state.spent.wait_sum + wait,
+                wait_count=state.spent.wait_count + waited,
+            ),
             switched=switched,
-            done=ex["done"] | over_time | over_traffic | reached,
+            done=state.done | over_time | over_traffic | reached,
         )
-        new = state.replace(global_vars=w_next, sim_time=sim_time, extra=new_extra)
         # A run whose budget is spent (or target reached) has ended: its state stays as it was.
-        new = jax.tree.map(lambda a, b: jnp.where(ex["done"], b, a), new, state)
+        new = jax.tree.map(lambda a, b: jnp.where(state.done, b, a), new, state)
         new = new.replace(round=r)
 
-        metrics = cohort_metrics(jnp.arange(m, dtype=jnp.int32), out, out["vars"])
+        metrics = cohort_metrics(jnp.arange(m, dtype=jnp.int32), up.stats, up.w)
         metrics.update(
             selected=plan.sel,
-            P=jnp.asarray(self.p_values, jnp.float32)[ex["p_arm"]],
+            P=jnp.asarray(self.p_values, jnp.float32)[state.agent_p.arm],
             C=thresh,
             n=jnp.sum(plan.sel).astype(jnp.int32),
             lr=eta,
@@ -403,50 +381,47 @@ class AdaFedSemi(Method):
             # Scored on the host against the hidden labels (engine.loop: pl_acc); never read
             # by training.
             pl_index=plan.pool[None],
-            pl_label=jnp.where(mask, yhat, -1)[None],
+            pl_label=jnp.where(mask, labels.y_hat, -1)[None],
             val_acc_half=u_p,
             val_acc=u_c,
             reward_p=r_p,
             reward_c=r_c,
             alpha=alpha,
-            phase=ex["switched"].astype(jnp.int32),  # 1: after the preference switch
+            phase=state.switched.astype(jnp.int32),  # 1: after the preference switch
             round_time_s=rc.time_s,
             round_traffic_gb=rc.traffic_bytes / ada_cost.BYTES_PER_GB,
             round_cost=rc.cost,
             wait_ratio=ada_cost.waiting_ratio(wait, waited),  # Eq. 34 over this round, %
-            wait_ratio_cum=ada_cost.waiting_ratio(new.extra["wait_sum"], new.extra["wait_count"]),
+            wait_ratio_cum=ada_cost.waiting_ratio(new.spent.wait_sum, new.spent.wait_count),
             cum_time_min=new.sim_time / ada_cost.SEC_PER_MIN,
-            cum_traffic_gb=new.extra["traffic_gb"],
-            cum_cost=new.extra["cost"],
+            cum_traffic_gb=new.spent.traffic_gb,
+            cum_cost=new.spent.cost,
             over_time=over_time,
             over_traffic=over_traffic,
             reached=reached,
-            done=new.extra["done"],
+            done=new.done,
         )
         return new, metrics
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
+    def evaluate(self, state: AdaState, fed: FederatedData, mapper: Mapper) -> dict:
         """Test accuracy of the global model w_{k+1} and of the teacher (Fig. 15), and each
         client's accuracy on its own test split with the global model."""
         test_ids = fed.server["test_global"]
         g = evaluate_indices(
-            self.global_eval_model, state.global_vars, fed.x, fed.eval_y, test_ids,
-            self.eval_batch,
-        )  # fmt: skip
+            self.global_eval_model, state.w, fed.x, fed.eval_y, test_ids, self.eval_batch
+        )
         t = evaluate_indices(
-            self.global_eval_model, state.extra["teacher"], fed.x, fed.eval_y, test_ids,
-            self.eval_batch,
-        )  # fmt: skip
+            self.global_eval_model, state.w_tilde, fed.x, fed.eval_y, test_ids, self.eval_batch
+        )
         test = fed.roles["test"]
         if fed.test_in_global:
             full = jnp.zeros(fed.x.shape[0], bool).at[test_ids].set(g["correct"])
             r = {"correct": jnp.sum(full[test.idx] & test.mask, axis=1), "count": test.count}
             r.update(table_stats(g["each"], test_ids, test, fed.eval_y, fed.num_classes))
         else:
-            one = lambda inp, v, x, y: evaluate_row(self.model, v, x, y, inp["table"])
-            r = mapper(one, {"table": test}, state.global_vars, fed.x, fed.eval_y)
+            r = mapper(self.client_test, test, state.w, fed.x, fed.eval_y)
         client_acc, personal = client_accuracy(r)
         return {
             "accuracy": g["accuracy"],
@@ -458,6 +433,10 @@ class AdaFedSemi(Method):
             **sanity(g["stats"]),  # the global model behind `accuracy`
             **sanity(r, prefix="personal_"),
         }
+
+    def client_test(self, table: RoleTable, w: PyTree, x: jax.Array, y: jax.Array) -> dict:
+        """One client's test split (a row of the test role) with the global model w."""
+        return evaluate_row(self.model, w, x, y, table)
 
 
 def _fixed(cfg: AdaFedSemiConfig, name: str) -> None:

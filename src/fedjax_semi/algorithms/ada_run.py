@@ -39,9 +39,10 @@ def stop_reason(cfg: AdaFedSemiConfig, row: dict) -> str | None:
 
 class PreferenceSwitch(Hook):
     """Figs. 9-10's change of preference on the test accuracy: once replica r's evaluated test
-    accuracy (its row's `metric`, a fraction) reaches `at`, its state's `switched` flag is set,
-    so its later rounds weigh the cost with alpha_after (`AdaFedSemi.finish`). Runs before the
-    checkpointer, so a resumed run keeps the flag."""
+    accuracy (its row's `metric`, a fraction) reaches `at`, its state's `switched` flag
+    (`AdaState.switched`, bool [] or [R]) is set, so its later rounds weigh the cost with
+    alpha_after (`AdaFedSemi.server_update`). Runs before the checkpointer, so a resumed run
+    keeps the flag."""
 
     def __init__(self, at: float, metric: str = "accuracy") -> None:
         self.at, self.metric = at, metric
@@ -50,10 +51,9 @@ class PreferenceSwitch(Hook):
         hit = [r for r, row in rows.items() if (row.get(self.metric) or -np.inf) >= self.at]
         if not hit:
             return
-        ex = run.state.extra
-        flag = np.array(jax.device_get(ex["switched"]))
+        flag = np.array(jax.device_get(run.state.switched))
         if flag.ndim == 0:  # a single run
             flag = np.asarray(True)
         else:  # replicas: [R]
             flag[hit] = True
-        run.state = run.state.replace(extra={**ex, "switched": jnp.asarray(flag)})
+        run.state = run.state.replace(switched=jnp.asarray(flag))

@@ -5,19 +5,22 @@ both agents unchanged, whose selected clients train prefix sub-models H^d of a m
 
     init: Ada-FedSemi's, plus a one-off profiling at k = 0: every client's compute speed and
           bandwidth from its full-model times (Eqs. 24-25)
-    each round k (one compiled program; every client runs the full model, masked to its depth):
-      prepare   Ada-FedSemi's selection; t_hat_m, the full-model time each selected client
+    each round k (`round`, one compiled program; every client runs the full model, masked to
+    its depth):
+      select    Ada-FedSemi's selection; t_hat_m, the full-model time each selected client
                 would need (Eq. 23); Alg. 3 clusters those times into depths d_m, the slowest
                 cluster training H^1 and the fastest the full model H^L
       clients   tau SGD steps on sum_{b <= d_m} f^b (Eq. 22) from the broadcast w_k; the
                 parameters of parts b > d_m are masked out of every update (momentum and
                 weight decay included), so they leave the client as they came
-      finish    layer-wise aggregation: part b is the N_m-weighted mean over the clients with
+      server    layer-wise aggregation: part b is the N_m-weighted mean over the clients with
                 d_m >= b (its old value when none), then Ada-FedSemi's server phase, where the
                 teacher's final exit labels the pool, the server epoch trains on the sum of the
                 exit losses and validation reads the final exit; t_k = max t_{k,m}(d_m) +
                 t_p |D_{k,U}|, b_k = sum_m 2 size_{d_m}; the selected clients' estimates are
                 renewed from the times they report (Eqs. 24-25), the others keep theirs
+
+The state is `HeteroAdaState`: Ada-FedSemi's `AdaState` and the estimates psi_hat, gamma_hat.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from fedjax_semi.algorithms.ada_fedsemi import AdaFedSemi, AdaPlan
-from fedjax_semi.algorithms.base import FLState, RoundShared, register
+from fedjax_semi.algorithms.ada_fedsemi import AdaFedSemi
+from fedjax_semi.algorithms.ada_state import AdaPlan, AdaState, AdaUpload, ordered_pytree
+from fedjax_semi.algorithms.base import RoundShared, register
 from fedjax_semi.algorithms.hetero_ada_config import HeteroAdaConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.keys import DROPOUT, HETERO_KMEANS, SAMPLE, round_key
@@ -45,9 +49,26 @@ from fedjax_semi.systems import tx2
 PyTree = Any
 
 
+@ordered_pytree(
+    "round", "w", "sim_time", "agent_c.bandit", "agent_c.arm", "labels.a", "spent.cost", "done",
+    "gamma_hat", "labels.ready", "agent_p.bandit", "agent_p.arm", "psi_hat", "switched",
+    "w_tilde", "spent.traffic_gb", "u_prev", "spent.wait_count", "spent.wait_sum", "labels.y_hat",
+)  # fmt: skip
+@dataclasses.dataclass(frozen=True)
+class HeteroAdaState(AdaState):
+    """Ada-FedSemi's state (`AdaState`: round, sim_time, w, w_tilde, labels, agents, u_prev,
+    spent, switched, done) and each client's latest estimates of Eqs. 24-25:
+    psi_hat float32 [M] its compute speed (load per second), gamma_hat float32 [M] its
+    bandwidth (bytes per second). Its leaves flatten in the order of the reference results
+    (`ada_state.ordered_pytree`)."""
+
+    psi_hat: jax.Array
+    gamma_hat: jax.Array
+
+
 @struct.dataclass
 class DepthTable:
-    """prepare -> client_update, one row per client [M]: its id, labeled table and depth d_m
+    """select -> client_update, one row per client [M]: its id, labeled table and depth d_m
     (int32; 0: not selected this round)."""
 
     id: jax.Array
@@ -120,13 +141,14 @@ class HeteroAdaFedSemi(AdaFedSemi):
 
     # ------------------------------------------------------------------ state
 
-    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
+    def init(self, key: jax.Array, fed: FederatedData) -> HeteroAdaState:
         """Ada-FedSemi's state and each client's profiled estimates psi_hat, gamma_hat [M]: a
         one-off benchmark of the full model before round 1 (Eqs. 24-25 need a k = 0 time)."""
-        state = super().init(key, fed)
+        base = super().init(key, fed)
         t_cp, t_cm = self._times(key, jnp.int32(0), jnp.full((self.num_clients,), NUM_PARTS))
         psi, gamma = depths.capability(self.pi[-1], self.omega[-1], t_cp, t_cm)
-        return state.replace(extra={**state.extra, "psi_hat": psi, "gamma_hat": gamma})
+        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        return HeteroAdaState(**fields, psi_hat=psi, gamma_hat=gamma)
 
     def _times(self, key, r, depth):
         """(t^cp, t^cm) [M] of the TX2 clients training the sub-models H^depth (depth [M])."""
@@ -145,53 +167,57 @@ class HeteroAdaFedSemi(AdaFedSemi):
 
     # ------------------------------------------------------------------ one round
 
-    def prepare(self, state: FLState, data: TrainView, key: jax.Array):
-        c, ex = self.cfg, state.extra
-        plan, inputs, shared = super().prepare(state, data, key)
-        # Alg. 3: estimated full-model times (Eq. 23) -> depths of the selected clients.
-        t_hat = depths.full_model_time(self.pi[-1], self.omega[-1], ex["psi_hat"], ex["gamma_hat"])
+    def select(
+        self, state: HeteroAdaState, data: TrainView, key: jax.Array
+    ) -> tuple[AdaPlan, DepthTable, RoundShared]:
+        """Ada-FedSemi's selection, then Alg. 3: the estimated full-model times (Eq. 23) of the
+        selected clients clustered into their depths d_m."""
+        c = self.cfg
+        plan, rows, shared = super().select(state, data, key)
+        t_hat = depths.full_model_time(self.pi[-1], self.omega[-1], state.psi_hat, state.gamma_hat)
         depth = depths.assign_depths(
             round_key(key, HETERO_KMEANS, state.round + 1), t_hat, plan.sel, NUM_PARTS,
             c.kmeans_restarts, c.kmeans_max_iter, c.min_rel_gap,
         )  # fmt: skip
-        inputs = DepthTable(inputs.id, inputs.table, depth)
-        return plan.replace(depth=depth), inputs, shared
+        rows = DepthTable(rows.id, rows.table, depth)
+        return plan.replace(depth=depth), rows, shared
 
-    def client_update(self, inp: DepthTable, shared: RoundShared) -> dict:
+    def client_update(self, row: DepthTable, shared: RoundShared) -> AdaUpload:
         """tau steps on the exits b <= d_m (Eq. 22), parts b > d_m masked out of the update."""
         eta = self.lr_at(shared.round + 1)
-        on = jnp.arange(1, NUM_PARTS + 1) <= inp.depth  # e_{m,b}, bool [L]
+        on = jnp.arange(1, NUM_PARTS + 1) <= row.depth  # e_{m,b}, bool [L]
         keep = jax.tree.map(lambda b: on[b - 1], self.parts)
         tx = optax.chain(self._tx(eta), masked_updates(keep))
         objective = dataclasses.replace(self.objective, exit_on=on.astype(jnp.float32))
-        new, _, stats = self.train_client(
-            shared.models, inp.table, shared, inp.id, SAMPLE, DROPOUT, tx=tx, objective=objective
+        w, _, stats = self.train_client(
+            shared.models, row.table, shared, row.id, SAMPLE, DROPOUT, tx=tx, objective=objective
         )
-        return {"vars": new, "weight": inp.table.count.astype(jnp.float32), **stats}
+        return AdaUpload(w=w, weight=row.table.count.astype(jnp.float32), stats=stats)
 
-    def aggregate(self, state: FLState, plan: AdaPlan, out) -> PyTree:
+    def aggregate(self, state: HeteroAdaState, plan: AdaPlan, up: AdaUpload) -> PyTree:
         """Layer-wise aggregation (Sec. 4.2): part b over the clients with d_m >= b."""
-        g = state.global_vars
+        w = state.w
         params = depths.layerwise_mean(
-            out["vars"]["params"], out["weight"], plan.depth, self.parts, g["params"]
+            up.w["params"], up.weight, plan.depth, self.parts, w["params"]
         )
-        return {**g, "params": params}
+        return {**w, "params": params}
 
-    def finish(self, state: FLState, plan: AdaPlan, out, key: jax.Array):
-        new, metrics = super().finish(state, plan, out, key)
-        ex, r = state.extra, state.round + 1
+    def server_update(
+        self, state: HeteroAdaState, plan: AdaPlan, up: AdaUpload, key: jax.Array
+    ) -> tuple[HeteroAdaState, dict]:
+        """Ada-FedSemi's server update with the layer-wise aggregation, then Eqs. 24-25: the
+        selected clients' estimates renewed; the depths in the metrics."""
+        new, metrics = super().server_update(state, plan, up, key)
+        r = state.round + 1
         # Eqs. 24-25 from the times the selected clients report (the same draws as the round's
         # clock); the others keep their last one (nothing newer), and an ended run keeps them all.
         t_cp, t_cm, _ = self.client_times(plan, key, r)
         d = jnp.clip(plan.depth, 1, NUM_PARTS) - 1
         psi, gamma = depths.capability(self.pi[d], self.omega[d], t_cp, t_cm)
-        renew = plan.sel & ~ex["done"]
+        renew = plan.sel & ~state.done
         new = new.replace(
-            extra={
-                **new.extra,
-                "psi_hat": jnp.where(renew, psi, ex["psi_hat"]),
-                "gamma_hat": jnp.where(renew, gamma, ex["gamma_hat"]),
-            }
+            psi_hat=jnp.where(renew, psi, state.psi_hat),
+            gamma_hat=jnp.where(renew, gamma, state.gamma_hat),
         )
         metrics["depth"] = plan.depth
         for b in range(1, NUM_PARTS + 1):
