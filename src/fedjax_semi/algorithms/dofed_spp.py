@@ -435,7 +435,6 @@ class DoFedSPP(TargetTaskMethod):
         metrics = cohort_metrics(jnp.arange(n), stats, {"tar": up.tar, "rec": up.rec})
         metrics["client_finite"] &= jnp.isfinite(up.rec_loss)
         p = jnp.clip(S, 1e-12, 1.0)
-        covered = jnp.sum(jnp.where(sel.chosen, state.S, 0.0), axis=1)  # [N]
         metrics.update(
             K=sel.k,
             B=sel.b,
@@ -455,8 +454,8 @@ class DoFedSPP(TargetTaskMethod):
             sr_entropy=jnp.mean(-jnp.sum(jnp.where(S > 0, S * jnp.log(p), 0.0), axis=1)),
             # How much of each client's SR mass the uploaded set covered (with K = B Alg. 1
             # has no incentive for diversity).
-            sr_mass_uploaded=jnp.mean(covered),
-            sr_mass_uploaded_min=jnp.min(covered),
+            sr_mass_uploaded=jnp.mean(jnp.sum(jnp.where(sel.chosen, state.S, 0.0), axis=1)),
+            sr_mass_uploaded_min=jnp.min(jnp.sum(jnp.where(sel.chosen, state.S, 0.0), axis=1)),
             cache_age=jnp.mean((t - plan.cache_round).astype(jnp.float32)),
             pl_index=up.pl_index,
             pl_label=up.pl_label,
