@@ -1,44 +1,81 @@
-"""Golden runs: the metrics.jsonl of four tiny runs (the default method, DoFed-SPP, UM-pFSSL and
-replicas), saved from the code before a refactoring and reproduced exactly after it.
+"""Golden runs: the metrics.jsonl of a tiny run of every method family (and of replicas), saved
+from the code before a refactoring and reproduced exactly after it.
 
 Rows may carry keys added after the files were written (they are compared on the files' keys).
-Exact float equality holds on the machine and library versions that wrote the files (XLA may
-compile other instructions on another CPU), so the check is a slow test, for the machine a
-refactoring is done on: `pytest -m slow tests/test_golden.py`. Regenerate, before a change that
-is meant to alter results, with `FEDJAX_SEMI_WRITE_GOLDEN=1 pytest -m slow tests/test_golden.py`.
+Exact float equality holds on the machine and library versions that wrote the files, under the
+same XLA flags (XLA may compile other instructions on another CPU, or at another optimisation
+level), so each run goes in a subprocess with the fast suite's flags (`WORKER_XLA_FLAGS`),
+whichever way pytest was started, and the check is a slow test, for the machine a refactoring is
+done on: `pytest -m slow tests/test_golden.py`. Regenerate, before a change that is meant to
+alter results, with `FEDJAX_SEMI_WRITE_GOLDEN=1 pytest -m slow tests/test_golden.py`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import compose_config
-from fedjax_semi import experiment
+from conftest import WORKER_XLA_FLAGS
 
 GOLDEN = Path(__file__).parent / "golden"
 
 # The partitions of the methods' own tests, small.
-COFED = ["partition=cofed", "num_clients=6", "clients_per_round=6", "model=cnn",
-         "partition.cofed.min_classes=3", "partition.cofed.max_classes=4",
-         "partition.cofed.samples_per_class=12", "partition.cofed.public_fraction=0.3"]
-CFSL = ["partition=cfsl", "systems=hwn", "num_clients=24", "clients_per_round=24",
-        "partition.cfsl.num_edges=2", "partition.cfsl.base=iid", "partition.labeled_fraction=0.6",
-        "model.hidden=[16]", "algorithm.local_epochs=3", "algorithm.batch_size=16",
-        "algorithm.lr=0.1", "algorithm.max_clusters=8", "algorithm.split_warmup=3",
-        "algorithm.eps1=1e6", "algorithm.eps2=1e-6", "algorithm.phi=0.0"]
-ADA = ["partition=ada", "num_clients=10", "clients_per_round=10",
-       "partition.labeled_fraction=0.3", "algorithm.local_steps=3", "algorithm.batch_size=16",
-       "algorithm.server_batch=64", "algorithm.lr=0.1"]
-SUBSET = ["partition=subset", "num_clients=6", "clients_per_round=3",
-          "partition.dofed.train_per_class=40", "partition.dofed.target_per_class=40",
-          "partition.dofed.target_labeled_fraction=0.5", "partition.dofed.test_per_class=15",
-          "algorithm.lr=0.1", "algorithm.batch_size=16",
-          "systems.wireless.time_sec_per_train_sample=2e-4",
-          "systems.wireless.time_sec_per_infer_sample=5e-5"]
+COFED = [
+    "partition=cofed",
+    "num_clients=6",
+    "clients_per_round=6",
+    "model=cnn",
+    "partition.cofed.min_classes=3",
+    "partition.cofed.max_classes=4",
+    "partition.cofed.samples_per_class=12",
+    "partition.cofed.public_fraction=0.3",
+]
+CFSL = [
+    "partition=cfsl",
+    "systems=hwn",
+    "num_clients=24",
+    "clients_per_round=24",
+    "partition.cfsl.num_edges=2",
+    "partition.cfsl.base=iid",
+    "partition.labeled_fraction=0.6",
+    "model.hidden=[16]",
+    "algorithm.local_epochs=3",
+    "algorithm.batch_size=16",
+    "algorithm.lr=0.1",
+    "algorithm.max_clusters=8",
+    "algorithm.split_warmup=3",
+    "algorithm.eps1=1e6",
+    "algorithm.eps2=1e-6",
+    "algorithm.phi=0.0",
+]
+ADA = [
+    "partition=ada",
+    "num_clients=10",
+    "clients_per_round=10",
+    "partition.labeled_fraction=0.3",
+    "algorithm.local_steps=3",
+    "algorithm.batch_size=16",
+    "algorithm.server_batch=64",
+    "algorithm.lr=0.1",
+]
+SUBSET = [
+    "partition=subset",
+    "num_clients=6",
+    "clients_per_round=3",
+    "partition.dofed.train_per_class=40",
+    "partition.dofed.target_per_class=40",
+    "partition.dofed.target_labeled_fraction=0.5",
+    "partition.dofed.test_per_class=15",
+    "algorithm.lr=0.1",
+    "algorithm.batch_size=16",
+    "systems.wireless.time_sec_per_train_sample=2e-4",
+    "systems.wireless.time_sec_per_infer_sample=5e-5",
+]
 
 RUNS = {
     "fedavg_pl": ["algorithm=fedavg_pl", "rounds=3"],
@@ -109,12 +146,26 @@ def _rows(run_dir: Path) -> list[dict]:
     return rows
 
 
+# One golden run in a fresh interpreter: conftest's compose_config, then the run directory.
+RUN = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from conftest import compose_config
+from fedjax_semi import experiment
+experiment.run(experiment.build(compose_config(*sys.argv[3:])), sys.argv[2])
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_golden_metrics(name, tmp_path):
-    exp = experiment.build(compose_config(*RUNS[name]))
-    experiment.run(exp, tmp_path)
-    rows = _rows(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
+    env["XLA_FLAGS"] = WORKER_XLA_FLAGS
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-c", RUN, str(Path(__file__).parent), str(out), *RUNS[name]]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = _rows(out)
     path = GOLDEN / f"{name}.jsonl"
     if os.environ.get("FEDJAX_SEMI_WRITE_GOLDEN"):
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
