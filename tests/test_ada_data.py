@@ -125,7 +125,7 @@ def test_svhn_preset_builds_the_pool_with_hidden_labels_and_runs_a_round(tmp_pat
     summary = experiment.run(exp, tmp_path / "run")
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert summary["rounds_completed"] == 1 and 0 <= row["num_pseudo"] <= 100
-    # SVHN's clock: 75 s a client round plus t_p per pseudo-labeled sample (spec 4.7).
+    # SVHN's clock: 75 s a client round plus t_p per pseudo-labeled sample (docs/choices.md).
     assert row["round_time_s"] == pytest.approx(75.0 + 1.5e-4 * row["num_pseudo"], rel=1e-5)
     # Its traffic: the model's own size (4 bytes a parameter) both ways per participant.
     w = 4 * num_params(jax.eval_shape(exp.model.init, jax.random.key(0)))

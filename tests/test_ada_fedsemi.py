@@ -229,7 +229,7 @@ def test_preference_switch_hook_sets_each_replicas_flag(ada):
 
 
 def test_heterogeneous_tx2_clock_and_the_validation_switch():
-    """systems=tx2: each client's full-model time is spec 4.8's t_ovh + t_full / speed[mode] +
+    """systems=tx2: each client's full-model time is Sec. 5.8's t_ovh + t_full / speed[mode] +
     2 W / bw (written out here in NumPy), t_k the selected straggler's, Eq. 34's waiting ratio
     over the selected; alpha_switch_metric=val switches inside the round on u_C."""
     exp = build("algorithm=fedavg_p", "algorithm.fixed_p=0.6", "systems=tx2",

@@ -1,5 +1,5 @@
-"""Ada-FedSemi's SVHN CNN and IMDB sentence CNN (spec ada_fedsemi.md 4.4; docs/choices.md,
-Ada-FedSemi A17): parameter counts by the layer tables, dropout on only in training / MC passes,
+"""Ada-FedSemi's SVHN CNN and IMDB sentence CNN (its Sec. 5.1;
+docs/choices.md): parameter counts by the layer tables, dropout on only in training / MC passes,
 deterministic evaluation, and a vmap over clients equal to one client at a time."""
 
 from __future__ import annotations

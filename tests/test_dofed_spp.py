@@ -102,7 +102,7 @@ def tiny(tiny_runner):
 
 
 @pytest.mark.parametrize("backend", ["all", pytest.param("reference", marks=pytest.mark.slow)])
-def test_vectorized_equals_reference_loop_ac18(tiny, backend):
+def test_vectorized_equals_reference_loop(tiny, backend):
     """chunk=1 (the fixture), one vmap over all clients and the per-client loop agree: states,
     selection decisions, pseudo-labels and metrics."""
     exp, states, rows, evals = tiny
@@ -134,7 +134,7 @@ def corrupt_hidden(fed):
     return fed.with_hidden_labels(jnp.asarray(y))
 
 
-def test_hidden_labels_change_nothing_ac16(tiny_runner, tiny):
+def test_hidden_labels_change_nothing(tiny_runner, tiny):
     """Corrupting y_u_true and y_te leaves every parameter, SR and selection bit-identical; only
     the reported accuracies change (so this check can fail)."""
     exp, runner = tiny_runner
@@ -176,7 +176,7 @@ def test_warmup_trains_reciprocal_models_only(tiny):
     assert evals[0]["accuracy"] < 0.4  # T0 is untrained
 
 
-def test_upload_fills_cache_with_chosen_models_ac13(tiny):
+def test_upload_fills_cache_with_chosen_models(tiny):
     exp, states, rows, _ = tiny
     for t in range(1, ROUNDS + 1):
         before, after, chosen = states[t - 1], states[t], rows[t - 1]["chosen"]
@@ -193,9 +193,9 @@ def test_upload_fills_cache_with_chosen_models_ac13(tiny):
     assert (np.asarray(states[-1].cache_round) == 0).any()
 
 
-def test_clock_phase0_and_rounds_ac25(tiny):
+def test_clock_phase0_and_rounds(tiny):
     """Phase 0 adds L rounds of training, the SR inference and N uploads; a round adds the
-    compute of spec 2.8 plus m / r_i for each chosen i, r_i ~ U[2, 10] MB/s drawn afresh."""
+    compute (docs/choices.md) plus m / r_i for each chosen i, r_i ~ U[2, 10] MB/s drawn afresh."""
     exp, states, rows, _ = tiny
     m = model_mb(exp)
     n_tr, n_l, n_u = counts(exp, "labeled", "target_labeled", "target_unlabeled")
@@ -218,7 +218,7 @@ def test_clock_phase0_and_rounds_ac25(tiny):
     assert len(set(ups)) == ROUNDS  # fresh rate draws every round
 
 
-def test_sr_rows_ac1_ac2(tiny):
+def test_sr_rows(tiny):
     """S >= 0, rows sum to 1, nothing degenerate here; d[n, n] = ||R_n - R_n^prev|| > 0."""
     _, states, rows, _ = tiny
     for s in states:
@@ -238,7 +238,7 @@ def test_sr_rows_ac1_ac2(tiny):
         assert (np.sqrt(np.sum(d, axis=0)) > 0).all()
 
 
-def test_round_one_sr_equals_phase0_sr_ac7(tiny):
+def test_round_one_sr_equals_phase0_sr(tiny):
     """target_version=pre_update: round 1 re-uploads R^1 = the Phase-0 cache, scores it against
     the same R_prev = R0 with the same T0, so S after round 1 equals S after Phase 0."""
     _, states, rows, _ = tiny
@@ -250,7 +250,7 @@ def test_round_one_sr_equals_phase0_sr_ac7(tiny):
     assert np.abs(np.asarray(states[2].S) - sr0).max() > 1e-2
 
 
-def test_selection_and_student_set_ac9_ac15(tiny):
+def test_selection_and_student_set(tiny):
     """Phase 1 chooses K distinct uploaders maximizing F with B labeling models per client
     (greedy, recomputed from the SR the round started with); Phase 3 trains on |D_unl| + |D_lab|
     samples (E_tar epochs of ceil(n / batch) steps)."""
@@ -271,7 +271,7 @@ def test_selection_and_student_set_ac9_ac15(tiny):
         assert ((labels == -1).sum(1) == labels.shape[1] - n_u).all()
 
 
-def test_student_continues_from_its_parameters_ac17(tiny_runner, tiny):
+def test_student_continues_from_its_parameters(tiny_runner, tiny):
     """T_n at round r+1 is trained from T_n at round r: perturbing client 0's student changes
     only client 0's next student, bit for bit."""
     exp, runner = tiny_runner
@@ -285,7 +285,7 @@ def test_student_continues_from_its_parameters_ac17(tiny_runner, tiny):
     assert leaves_equal(nxt.R, states[2].R)
 
 
-def test_same_seed_identical_other_seed_differs_ac19(tiny_runner, tiny):
+def test_same_seed_identical_other_seed_differs(tiny_runner, tiny):
     exp, runner = tiny_runner
     _, states, rows, _ = tiny
     again, again_rows = run(runner)
@@ -304,7 +304,7 @@ def test_same_seed_identical_other_seed_differs_ac19(tiny_runner, tiny):
     )
 
 
-def test_reciprocal_models_are_independent_ac20(tiny_runner, tiny):
+def test_reciprocal_models_are_independent(tiny_runner, tiny):
     """Changing client 0's training data changes R_0 and no other client's reciprocal model
     (they train only on their own D_train; the exchange happens through predictions)."""
     exp, runner = tiny_runner
@@ -348,14 +348,14 @@ def check_partition(exp, scheme):
         assert clusters == list(range(exp.fed.num_classes))
 
 
-def test_subset_partition_ac22_ac24(tiny):
+def test_subset_partition(tiny):
     check_partition(tiny[0], "subset")
 
 
 # ----------------------------------------------------------------------------- behaviour
 
 
-def test_sr_mass_on_matching_providers_ac27(tiny):
+def test_sr_mass_on_matching_providers(tiny):
     """After the warm-up most of each SR row falls on providers that trained on the client's
     target cluster (a_i = b_n); at this scale every cluster has a trainer (balanced)."""
     exp, states, _, _ = tiny
@@ -365,7 +365,7 @@ def test_sr_mass_on_matching_providers_ac27(tiny):
     assert (sr * match).sum(1).mean() >= 0.7
 
 
-def test_labeling_beats_classification_and_jump_after_warmup_ac28_ac29(tiny):
+def test_labeling_beats_classification_and_jump_after_warmup(tiny):
     """AC29: the first post-warm-up evaluation jumps far above the warm-up one and the trend
     does not fall afterwards. AC28: labeling accuracy >= classification accuracy at the end."""
     exp, _, rows, evals = tiny
@@ -380,9 +380,9 @@ def test_labeling_beats_classification_and_jump_after_warmup_ac28_ac29(tiny):
 
 
 @pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
-def test_budget_mode_normal_partition_ac12_ac23(tmp_path):
+def test_budget_mode_normal_partition(tmp_path):
     """selection_mode=budget on NORMAL: each round's (K, B) satisfies Ineq. 26 with C1, C2, C3
-    of spec 2.3.3 / 2.8, the budget binds (K < N), and metrics.jsonl of experiment.run carries
+    of Sec. 6.1, the budget binds (K < N), and metrics.jsonl of experiment.run carries
     pl_acc, K, B and the clock."""
     s_infer = 1e-6  # cheap labeling next to the uploads, so B can be large and K is limited
     over = [
@@ -411,7 +411,7 @@ def test_budget_mode_normal_partition_ac12_ac23(tmp_path):
     assert 0 < rows[0]["sim_time"] < rows[1]["sim_time"]
 
 
-# Every non-default [rec] knob at once (spec 2.1, 2.2, 2.4, 2.7, A1-A4, A18).
+# Every non-default [rec] knob at once (docs/choices.md: DoFed-SPP).
 KNOBS = [
     "algorithm.init_mode=per_client",
     "algorithm.sr_g1=auto",
@@ -440,7 +440,7 @@ def test_every_knob_runs_and_is_used():
         sr = np.asarray(s.S)
         np.testing.assert_allclose(sr.sum(1), 1.0, atol=1e-6)
         assert (np.diag(sr) == 0).all()
-    # Small but real: G1 = auto (the largest model distance) swamps the loss term (A1).
+    # Small but real: G1 = auto (the largest model distance) swamps the loss term.
     change = np.asarray(states[1].S) - np.asarray(states[0].S)
     assert np.abs(change).max() > 1e-4
     for t, row in enumerate(rows, start=1):

@@ -32,7 +32,7 @@ def np_softmax(z):
 
 
 def np_sr(loss_cross, loss_own, dist, sr_prev, gamma, g1, g2, eps, exclude_self, valid, rule):
-    """Eq. 19 literally, one (n, i) pair at a time, with the degenerate-row rule of A4."""
+    """Eq. 19 literally, one (n, i) pair at a time, with docs/choices.md's degenerate-row rule."""
     n_rows, n_cols = loss_cross.shape
     out = np.zeros((n_rows, n_cols))
     degenerate = np.zeros(n_rows, bool)
@@ -142,7 +142,7 @@ def test_flatten_and_max_pairwise_distance():
     assert float(sim.max_pairwise_distance(jnp.asarray(flat))) == pytest.approx(want, rel=1e-5)
 
 
-def test_self_distance_positive_after_local_update_ac2():
+def test_self_distance_positive_after_local_update():
     """d[n, n] = ||R_n - R_n^prev|| > 0 after one local SGD step, and S[n, n] is finite."""
     rec_prev, data = make_clients(5)
     grads = jax.vmap(jax.grad(linear_loss))(rec_prev, data)
@@ -167,7 +167,7 @@ def test_self_distance_positive_after_local_update_ac2():
 # ----------------------------------------------------------------------------- ratios (Eq. 19)
 
 
-def test_sr_hand_computed_three_clients_ac3():
+def test_sr_hand_computed_three_clients():
     """gamma = 0.5, G1 = 0.2, G2 = 1. Worked by hand, a = max((g (l_T - l_i) + G1 + g G2) / d, 0):
     row 0: numerators (-0.3, 0.95, 0.45) / d (0.5, 2, 1) -> a = (0, 0.475, 0.45) -> (0, 19, 18)/37
     row 1: numerators (1.2, -0.55, 0.7) / d (1, 0.4, 2) -> a = (1.2, 0, 0.35) -> (24, 0, 7)/31
@@ -181,7 +181,7 @@ def test_sr_hand_computed_three_clients_ac3():
     # float32 ratios in [0, 1] after a few ops: rtol above float32 rounding, atol for the 0s.
     np.testing.assert_allclose(sr, want, rtol=1e-5, atol=1e-6)
     assert not np.asarray(deg).any()
-    # exclude_self (A3) drops a[n, n] before normalizing: rows 0 and 1 had a[n, n] = 0 already,
+    # exclude_self drops a[n, n] before normalizing: rows 0 and 1 had a[n, n] = 0 already,
     # row 2 has nothing left, so it is degenerate (uniform over the allowed providers 0 and 1).
     sr_x, deg_x = sim.similarity_ratios(
         loss_cross, loss_own, dist, gamma=0.5, g1=0.2, g2=1.0, exclude_self=True
@@ -190,7 +190,7 @@ def test_sr_hand_computed_three_clients_ac3():
     np.testing.assert_array_equal(deg_x, [False, False, True])
 
 
-def test_sr_degenerate_rows_ac1():
+def test_sr_degenerate_rows():
     """Row 2 made degenerate (own loss 5 instead of 0.1): it keeps sr_prev's row; on the first
     call (no sr_prev) it is uniform; with rule "zeros" it is 0. Other rows are untouched."""
     loss_own = jnp.asarray([1.0, 2.0, 0.5])
@@ -213,7 +213,7 @@ def test_sr_degenerate_rows_ac1():
 
 @settings(max_examples=examples(30), deadline=None)
 @given(st.integers(2, 6), st.floats(0.01, 3.0), st.floats(0.01, 2.0), SEEDS)
-def test_sr_monotone_in_loss_and_distance_ac4(n, drop, grow, seed):
+def test_sr_monotone_in_loss_and_distance(n, drop, grow, seed):
     """Lowering l_n(M_i) never lowers S[n, i]; growing d[n, i] never raises it."""
     rng = np.random.default_rng(seed)
     loss_cross = rng.uniform(0, 6, (n, n)).astype(np.float32)
@@ -235,7 +235,7 @@ def test_sr_monotone_in_loss_and_distance_ac4(n, drop, grow, seed):
 
 @settings(max_examples=examples(30), deadline=None)
 @given(st.integers(1, 6), st.floats(1e-3, 1.0), st.floats(0.0, 4.0), SEEDS)
-def test_sr_does_not_depend_on_gamma_when_g1_is_zero_ac5(n, gamma, g2, seed):
+def test_sr_does_not_depend_on_gamma_when_g1_is_zero(n, gamma, g2, seed):
     rng = np.random.default_rng(seed)
     args = (
         rng.uniform(0, 6, (n, n)).astype(np.float32),
@@ -362,7 +362,7 @@ def np_candidates(c1, c2, c3, n):
     return [(k, b_of[k]) for k in range(min(k_lo, k_hi), k_hi + 1) if k >= 1]
 
 
-def test_budget_candidates_closed_form_example_ac12():
+def test_budget_candidates_closed_form_example():
     """C1 = 10, C2 = 1, C3 = 2, N = 6: K_lo = floor(10/3) = 3, K_hi = min(6, floor(9/2)) = 4,
     B(3) = min(3, floor(4/1)) = 3, B(4) = min(4, floor(2/1)) = 2."""
     ks, bs, valid = sim.budget_candidates(10.0, 1.0, 2.0, 6)
@@ -385,7 +385,7 @@ F32 = {"width": 32, "allow_subnormal": False}
 # ----------------------------------------------------------------------------- upload (AC13)
 
 
-def test_upload_to_cache_ac13():
+def test_upload_to_cache():
     cache, _ = make_clients(10)
     rec, _ = make_clients(11)
     chosen = jnp.asarray([True, False, True, False])
@@ -425,7 +425,7 @@ def test_selected_slots_pads_short_rows():
     np.testing.assert_array_equal(valid, [[True, True], [True, False]])
 
 
-def test_student_targets_and_labeling_accuracy_ac15():
+def test_student_targets_and_labeling_accuracy():
     rng = np.random.default_rng(12)
     n, du, dl = 3, 7, 4
     y_pl = rng.integers(0, 5, (n, du)).astype(np.int32)
@@ -520,7 +520,7 @@ def test_wireless_bad_arguments_name_the_argument():
 # ------------------------------------------------------------------------ wireless (AC25, AC26)
 
 
-def test_shannon_golden_numbers_ac26():
+def test_shannon_golden_numbers():
     """b = 1 MHz, N0 = 1e-12 W/Hz, g = 1e-5, p = 0.1 W: SNR g p / (N0 b) = 1, so
     r = 1e6 * log2(2) = 1e6 bit/s = 0.125 MB/s and one 1 MB model takes 8 s; K = 3 takes 24 s.
     With p = 0.3 W, SNR = 3, r = 2e6 bit/s and K = 3 takes 12 s."""
@@ -548,7 +548,7 @@ def test_shannon_golden_numbers_ac26():
     assert float(wl.path_loss_gain(0.1)) == pytest.approx(10 ** -((128.1 - 37.6) / 10), rel=1e-5)
 
 
-def test_empirical_upload_times_ac25():
+def test_empirical_upload_times():
     """Each upload takes m / r with r in [2, 10] MB/s, fresh per upload; unchosen clients (and
     the Local baseline, which uploads nothing) add no time; the mean matches m ln(5) / 8."""
     m = 2.1
@@ -572,7 +572,7 @@ def test_empirical_upload_times_ac25():
     assert wl.expected_inverse_rate((4.0, 4.0)) == pytest.approx(0.25)
 
 
-def test_simulated_clock_ac25():
+def test_simulated_clock():
     """Phase 0 adds L rounds of training, N uploads and the SR inference; every round adds
     compute plus the chosen uploads, so the clock is strictly increasing."""
     n, m = 5, 2.18
@@ -673,7 +673,7 @@ class TestAgainstNumPy(chex.TestCase):
         st.sampled_from([None, 1, 2]),
         SEEDS,
     )
-    def test_pairwise_distances_match_double_loop_ac8(self, n, m, p, batch, seed):
+    def test_pairwise_distances_match_double_loop(self, n, m, p, batch, seed):
         rng = np.random.default_rng(seed)
         providers = rng.normal(size=(m, p)).astype(np.float32)
         refs = (providers[rng.integers(0, m, n)] + rng.normal(scale=1e-3, size=(n, p))).astype(
@@ -689,7 +689,7 @@ class TestAgainstNumPy(chex.TestCase):
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-7)
 
     @chex.variants(with_jit=True, without_jit=True)
-    def test_cross_losses_and_sr_distances_match_double_loop_ac8(self):
+    def test_cross_losses_and_sr_distances_match_double_loop(self):
         """Vectorized L_cross (with the own-model diagonal) and dist equal a double loop over
         (n, i)."""
         cache, data = make_clients(1)
@@ -728,7 +728,7 @@ class TestAgainstNumPy(chex.TestCase):
         st.booleans(),
         SEEDS,
     )
-    def test_sr_matches_numpy_reference_ac1(
+    def test_sr_matches_numpy_reference(
         self, n, gamma, g1, g2, excl, rule, first, use_valid, seed
     ):
         """Dyadic inputs keep every numerator exact, so the sign (and the clipping) is the same in
@@ -759,7 +759,7 @@ class TestAgainstNumPy(chex.TestCase):
             np.testing.assert_array_equal(got[deg], prev[deg])
 
     @chex.variants(with_jit=True, without_jit=True)
-    def test_fedfomo_weights_equal_naive_loop_ac6(self):
+    def test_fedfomo_weights_equal_naive_loop(self):
         """G1 = G2 = 0, gamma = 1, target = reference = the client's own previous model: the
         kernel's weights equal FedFomo's clipped, normalized first-order weights from a naive loop,
         including rows whose weights are all 0 (kept at 0: the client keeps theta_prev)."""
@@ -798,7 +798,7 @@ class TestAgainstNumPy(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     @settings(max_examples=examples(15), deadline=None)
     @given(st.integers(1, 8), st.integers(1, 8), st.integers(1, 8), st.booleans(), SEEDS)
-    def test_greedy_structure_and_value_ac9_ac10(self, n, k, b, exact, seed):
+    def test_greedy_structure_and_value(self, n, k, b, exact, seed):
         greedy = self.variant(sim.greedy_select, static_argnames=("fast_path",))
         n, k, b = kb_instance(n, k, b)
         rng = np.random.default_rng(seed)
@@ -820,7 +820,7 @@ class TestAgainstNumPy(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     @settings(max_examples=examples(13), deadline=None)
     @given(st.integers(2, 8), st.integers(1, 8), st.integers(1, 8), SEEDS)
-    def test_greedy_against_brute_force_ac11(self, n, k, b, seed):
+    def test_greedy_against_brute_force(self, n, k, b, seed):
         greedy = self.variant(sim.greedy_select, static_argnames=("fast_path",))
         n, k, b = kb_instance(n, k, b)
         rng = np.random.default_rng(seed)
@@ -848,7 +848,7 @@ class TestAgainstNumPy(chex.TestCase):
         st.floats(0.0, 3.0, **F32),
         SEEDS,
     )
-    def test_budget_selection_ac12(self, n, c1, c2, c3, seed):
+    def test_budget_selection(self, n, c1, c2, c3, seed):
         rng = np.random.default_rng(seed)
         s = dyadic(rng, 1, (n, n))
         ks, bs, valid = sim.budget_candidates(c1, c2, c3, n)
@@ -879,7 +879,7 @@ class TestAgainstNumPy(chex.TestCase):
         st.sampled_from([2, 5]),
         SEEDS,
     )
-    def test_pseudo_labels_match_numpy_ac14(self, n, b, du, q, seed):
+    def test_pseudo_labels_match_numpy(self, n, b, du, q, seed):
         """Labels are the argmax of the SR-weighted probability sum (Eq. 20), invariant to scaling
         a row of W, and with B = 1 they are the single top model's argmax."""
         greedy = self.variant(sim.greedy_select, static_argnames=("fast_path",))

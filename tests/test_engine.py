@@ -247,7 +247,7 @@ def test_unknown_optimizer_names_the_key():
         train.make_optimizer("nope", 0.1)
 
 
-def test_masked_batchnorm_equals_bn_on_the_valid_rows_ac11():
+def test_masked_batchnorm_equals_bn_on_the_valid_rows():
     from fedjax_semi.models.zoo import make_model
 
     model = make_model("resnet9", (8, 8, 1), 4, width=0.0625)
@@ -270,7 +270,7 @@ def test_masked_batchnorm_equals_bn_on_the_valid_rows_ac11():
 # ResNet-9 compiles three training scans for a minute: a long check (make test-slow); the MLP
 # checks the same masking in the fast suite, and the BatchNorm mask has its own test above.
 @pytest.mark.parametrize("name", ["mlp", pytest.param("resnet9", marks=pytest.mark.slow)])
-def test_padding_does_not_change_training_ac12(name):
+def test_padding_does_not_change_training(name):
     """A client padded to a wider table trains to the same parameters (same keys)."""
     from fedjax_semi.models.zoo import make_model
 

@@ -363,7 +363,7 @@ def hetero_rows(runner1):
 
 def test_round_clock_depths_and_waiting_ratio(hetero, hetero_rows):
     """Every selected client gets a depth; t_k = max_m t_{k,m}(d_m) + t_p |D_{k,U}| with the
-    TX2 times of spec 4.8 (written out here in NumPy), b_k = sum 2 size_{d_m}, Eq. 34's ratio;
+    TX2 times of Sec. 5.8 (written out here in NumPy), b_k = sum 2 size_{d_m}, Eq. 34's ratio;
     the estimates of the selected clients are renewed, the others kept."""
     alg, c, sysc = hetero.alg, hetero.cfg.algorithm, hetero.cfg.systems
     states, rows = hetero_rows

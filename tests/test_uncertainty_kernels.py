@@ -54,7 +54,7 @@ def resnet(dropout: float):
     return model, jax.jit(model.init)(jax.random.PRNGKey(0))
 
 
-def test_deterministic_limit_ac2():
+def test_deterministic_limit():
     model, v = resnet(0.0)
     x = jax.random.randint(jax.random.PRNGKey(1), (5, 8, 8, 1), 0, 255).astype(jnp.uint8)
     p_bar, h = mc_predict(model, v, x, jax.random.PRNGKey(2), 4)
@@ -64,7 +64,7 @@ def test_deterministic_limit_ac2():
     np.testing.assert_array_equal(p_bar, again[0])
 
 
-def test_prefix_suffix_equals_whole_network_ac3():
+def test_prefix_suffix_equals_whole_network():
     model, v = resnet(0.5)
     x = jax.random.randint(jax.random.PRNGKey(1), (6, 8, 8, 1), 0, 255).astype(jnp.uint8)
     keys = jax.random.split(jax.random.PRNGKey(3), 5)
@@ -84,7 +84,7 @@ def np_corr(ent_u, mask_u, p_s, y_s, mask_s, mu, nc, form, reduction="mean", eps
     return (u if n_u else 0.0) + (mu * acc if n_s else 0.0), h_bar, acc
 
 
-def test_relation_metric_limits_ac5():
+def test_relation_metric_limits():
     ent = jnp.asarray([0.2, 0.4])
     p_s = jnp.asarray([[0.9, 0.1], [0.2, 0.8]])
     m = jnp.ones(2, bool)
@@ -186,8 +186,8 @@ def test_blockwise_mc_matches_whole_rows_and_ignores_padding():
     np.testing.assert_array_equal(np.asarray(p2)[40:], 0.0)
 
 
-def test_mc_bn_mode_batch_a26():
-    """mc_bn_mode (docs/choices.md, UM-pFSSL A26). running (default) is the old call; batch:
+def test_mc_bn_mode_batch():
+    """mc_bn_mode (docs/choices.md, UM-pFSSL). running (default) is the old call; batch:
     BatchNorm normalizes with the statistics of the valid rows, as training does (the
     prefix/suffix split equals the whole network with train=True), padded rows change nothing,
     and a model without BatchNorm gives the same logits either way."""
@@ -248,7 +248,7 @@ class TestAgainstNumPy(chex.TestCase):
         st.sampled_from([1e-6, 0.05]),
         st.integers(0, 10**6),
     )
-    def test_relation_metric_matches_numpy_ac5(self, n_u, n_s, mu, form, reduction, eps, seed):
+    def test_relation_metric_matches_numpy(self, n_u, n_s, mu, form, reduction, eps, seed):
         rng = np.random.default_rng(seed)
         nc, pad = 4, 3
         ent_u = rng.uniform(0, np.log(nc), size=n_u + pad).astype(np.float32)
@@ -275,7 +275,7 @@ class TestAgainstNumPy(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     @settings(max_examples=examples(15), deadline=None)
     @given(st.integers(1, 4), st.integers(1, 5), st.integers(0, 10**6))
-    def test_aggregation_ac6(self, s, m, seed):
+    def test_aggregation(self, s, m, seed):
         rng = np.random.default_rng(seed)
         corr = rng.uniform(0, 3, size=(s, m)).astype(np.float32)
         valid = rng.uniform(size=(s, m)) < 0.7
@@ -298,7 +298,7 @@ class TestAgainstNumPy(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     @settings(max_examples=examples(15), deadline=None)
     @given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 6), st.integers(0, 10**6))
-    def test_pseudo_labels_ac7(self, s, m, nu, seed):
+    def test_pseudo_labels(self, s, m, nu, seed):
         rng = np.random.default_rng(seed)
         nc = 3
         p_bar = np_softmax(rng.normal(size=(s, m, nu, nc))).astype(np.float32)
@@ -326,7 +326,7 @@ class TestAgainstNumPy(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     @settings(max_examples=examples(20), deadline=None)
     @given(st.integers(1, 4), st.integers(0, 10**6))
-    def test_merge_best_equals_greedy_swap_ac10(self, r, seed):
+    def test_merge_best_equals_greedy_swap(self, r, seed):
         rng = np.random.default_rng(seed)
         inc_corr = rng.integers(0, 4, size=(1, r)).astype(np.float32)  # small ints: many ties
         cand_corr = rng.integers(0, 4, size=(1, r)).astype(np.float32)

@@ -1,5 +1,6 @@
-"""CoFED's consensus-voting kernels against a plain Python reference (spec cofed.md sections
-2.3, 2.4 and 6 A1, A3; acceptance checks 1-14, kernel parts; the Appendix's worked example)."""
+"""CoFED's consensus-voting kernels against a plain Python reference (Cao et al.'s
+Algorithm 1 and Eqs. 18-19, the conflict and tie rules of docs/choices.md; the Appendix's worked
+example)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def aggregate_reference(preds, Y, K, alpha, w=None, op="gt"):
 
 
 def distribute_reference(P, Y_i, conflict="drop_in_client", ratios=None):
-    """R_i as {public index: global label}, with the conflict rule of spec 6 A3."""
+    """R_i as {public index: global label}, with the conflict rule of docs/choices.md (CoFED)."""
     R = {}
     for m in set().union(*[P[k] for k in Y_i]):
         claims = [k for k in Y_i if m in P[k]]
