@@ -74,12 +74,12 @@ def test_groups_follow_table1_round_robin(exp):
 def test_label_spaces_are_the_partitions(exp, ran):
     state = ran[0]
     want = np.asarray(exp.partition.assignments["label_space"])
-    np.testing.assert_array_equal(np.asarray(state.extra["owns"]), want)
+    np.testing.assert_array_equal(np.asarray(state.Y), want)
 
 
 def test_uploads_are_hard_labels_inside_each_label_space(exp, ran):
     state, _, metrics, _ = ran
-    preds, owns = np.asarray(state.extra["preds"]), np.asarray(state.extra["owns"])
+    preds, owns = np.asarray(state.y_hat), np.asarray(state.Y)
     m = len(exp.fed.server["public"])
     assert preds.shape == (N, m) and preds.dtype == np.int32
     assert owns[np.arange(N)[:, None], preds].all()  # masked argmax never leaves Y_i
@@ -89,7 +89,7 @@ def test_uploads_are_hard_labels_inside_each_label_space(exp, ran):
 def test_center_replayed_in_numpy(exp, ran):
     """P_k and R_i of the round equal the paper's Algorithm 1 and Eq. 19 run on the uploads."""
     state, _, metrics, _ = ran
-    preds, owns = np.asarray(state.extra["preds"]), np.asarray(state.extra["owns"])
+    preds, owns = np.asarray(state.y_hat), np.asarray(state.Y)
     alpha = exp.alg.cfg.alpha
     total = owns.sum(0)
     votes = np.zeros((preds.shape[1], owns.shape[1]))
@@ -111,10 +111,12 @@ def test_center_reads_only_the_uploads(exp, ran):
     """Changing every participant's model after Step 2 changes nothing the center decides."""
     state = ran[0]
     data = exp.fed.train_view()
-    key = jax.random.PRNGKey(0)
-    plan, _, _ = exp.alg.prepare(state, data, key)
-    noisy = state.replace(client_vars=jax.tree.map(lambda a: a + 1.0, state.client_vars))
-    plan2, _, _ = exp.alg.prepare(noisy, data, key)
+    plan = exp.alg.vote(state, data)
+    noisy = state.replace(
+        f=jax.tree.map(lambda a: a + 1.0, state.f),
+        f_local=jax.tree.map(lambda a: a + 1.0, state.f_local),
+    )
+    plan2 = exp.alg.vote(noisy, data)
     for a, b in zip(jax.tree.leaves(plan), jax.tree.leaves(plan2), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -126,13 +128,9 @@ def test_grouped_program_equals_reference_loop(exp, ran):
     _, new, m_all, ev_all = ran
     for backend, chunk in (("reference", 1),):
         old2, new2, m2, ev2 = one_round(exp, backend, chunk)
-        np.testing.assert_array_equal(
-            np.asarray(ran[0].extra["preds"]), np.asarray(old2.extra["preds"])
-        )
+        np.testing.assert_array_equal(np.asarray(ran[0].y_hat), np.asarray(old2.y_hat))
         np.testing.assert_array_equal(np.asarray(m_all["pl_label"]), np.asarray(m2["pl_label"]))
-        for a, b in zip(
-            jax.tree.leaves(new.client_vars), jax.tree.leaves(new2.client_vars), strict=True
-        ):
+        for a, b in zip(jax.tree.leaves(new.f), jax.tree.leaves(new2.f), strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-4, rtol=1e-3)
         np.testing.assert_allclose(
             np.asarray(ev_all["client_acc"]), np.asarray(ev2["client_acc"]), atol=0.02
@@ -144,9 +142,7 @@ def test_hidden_labels_never_reach_training(exp, ran):
     rng = np.random.default_rng(0)
     corrupt = jnp.asarray(rng.integers(0, 10, exp.fed.eval_y.shape), jnp.int32)
     _, new2, m2, _ = one_round(exp, fed=exp.fed.with_hidden_labels(corrupt))
-    for a, b in zip(
-        jax.tree.leaves(new.client_vars), jax.tree.leaves(new2.client_vars), strict=True
-    ):
+    for a, b in zip(jax.tree.leaves(new.f), jax.tree.leaves(new2.f), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     np.testing.assert_array_equal(np.asarray(metrics["pl_label"]), np.asarray(m2["pl_label"]))
 
@@ -163,9 +159,7 @@ def test_relative_accuracy_is_the_mean_of_ratios(ran):
 
 def test_local_models_are_kept_and_scored_before_the_round(ran):
     state, new, _, _ = ran
-    for a, b in zip(
-        jax.tree.leaves(state.client_vars), jax.tree.leaves(new.extra["local"]), strict=True
-    ):
+    for a, b in zip(jax.tree.leaves(state.f), jax.tree.leaves(new.f_local), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -174,13 +168,14 @@ def test_alpha_bounds_on_the_uploads(exp, ran, alpha):
     """alpha = 1 selects nothing (Eq. 18 is strict); alpha = 0 any voted class, so the
     participants' tables hold all of D_i plus R_i."""
     alg = exp.alg
-    state, data = alg.with_center(ran[0], alpha), exp.fed.train_view()
-    plan, inputs, _ = alg.prepare(state, data, jax.random.PRNGKey(0))
+    state, data, key = alg.with_center(ran[0], alpha), exp.fed.train_view(), jax.random.PRNGKey(0)
+    plan = alg.vote(state, data)
+    inputs, _ = alg.update_rows(state, data, key, plan)
     keep = np.asarray(plan.keep)
     if alpha == 1.0:
         assert not np.asarray(plan.accept).any() and not keep.any()
     else:
-        preds = np.asarray(state.extra["preds"])
+        preds = np.asarray(state.y_hat)
         voted = np.zeros_like(np.asarray(plan.accept))
         for i in range(N):
             voted[np.arange(preds.shape[1]), preds[i]] = True
@@ -287,18 +282,17 @@ def test_center_knobs_from_the_state_equal_the_config(exp, ran):
     """A sweep's with_center(state, alpha, size) plans exactly what a run configured with
     algorithm.alpha=alpha, algorithm.public_size=size plans (Steps 1-2 do not depend on them),
     and a smaller public_size uses a subset of the larger one's rows (nested sizes)."""
-    state, data, key = ran[0], exp.fed.train_view(), jax.random.PRNGKey(0)
-    m = int(state.extra["preds"].shape[1])
+    state, data = ran[0], exp.fed.train_view()
+    key = jax.random.PRNGKey(exp.cfg.seed)  # the run's key: it orders the public rows (init)
+    m = int(state.y_hat.shape[1])
     used = {}
     for alpha, size in ((0.5, 0), (0.3, m // 2), (0.3, m // 4)):
         cfg = dataclasses.replace(exp.alg.cfg, alpha=alpha, public_size=size)
         configured = dataclasses.replace(exp.alg, cfg=cfg)
-        fresh = configured.init(jax.random.PRNGKey(exp.cfg.seed), exp.fed)
-        want = state.replace(
-            extra={**state.extra, **{k: fresh.extra[k] for k in ("alpha", "public_size")}}
-        )
-        plan_a, _, _ = configured.prepare(want, data, key)
-        plan_b, _, _ = exp.alg.prepare(exp.alg.with_center(state, alpha, size), data, key)
+        fresh = configured.init(key, exp.fed)
+        want = state.replace(center=fresh.center, public_rank=fresh.public_rank)
+        plan_a = configured.vote(want, data)
+        plan_b = exp.alg.vote(exp.alg.with_center(state, alpha, size), data)
         for a, b in zip(jax.tree.leaves(plan_a), jax.tree.leaves(plan_b), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         used[size] = np.asarray(plan_b.accept).any(1)

@@ -151,7 +151,7 @@ def test_cofed_femnist_preset_builds_on_fixtures(tmp_path):
     import jax
 
     state = exp.alg.init(jax.random.PRNGKey(0), exp.fed)
-    assert np.asarray(state.extra["owns"]).all()  # every participant owns all 62 classes
+    assert np.asarray(state.Y).all()  # every participant owns all 62 classes
     # The two label-space knobs must agree (one line naming the algorithm's).
     with pytest.raises(ConfigError, match=r"^algorithm\.label_space='present'.*'all'"):
         validate(compose_config(*overrides, "algorithm.label_space=present", small=False))

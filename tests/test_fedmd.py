@@ -83,7 +83,7 @@ def test_labeled_pool_is_visible_after_the_tasks_classes(exp):
 def test_uploads_are_scores_on_the_rounds_alignment_rows(exp, ran):
     """After the warm-up, participant i's upload is its model's logits on round 1's rows."""
     state = ran[0]
-    scores = np.asarray(state.extra["scores"])
+    scores = np.asarray(state.s)
     assert scores.shape == (N, A, K + P)
     key = jax.random.PRNGKey(exp.cfg.seed)
     public = exp.fed.server["public"]
@@ -91,7 +91,7 @@ def test_uploads_are_scores_on_the_rounds_alignment_rows(exp, ran):
     alg = exp.alg
     for g, ids in enumerate(alg.members):
         for j, i in enumerate(ids):
-            variables = jax.tree.map(lambda a, j=j: a[j], state.client_vars[g])
+            variables = jax.tree.map(lambda a, j=j: a[j], state.f[g])
             logits, _ = alg.models[g].apply(variables, exp.fed.x[rows])
             # atol: logits of O(1-10), float32 batching (the scan of predict_batch rows).
             np.testing.assert_allclose(scores[i], np.asarray(logits), atol=1e-4, rtol=1e-5)
@@ -100,16 +100,18 @@ def test_uploads_are_scores_on_the_rounds_alignment_rows(exp, ran):
 def test_consensus_is_the_mean_and_the_uplink_is_counted(exp, ran):
     state, new, metrics, _ = ran
     data = exp.fed.train_view()
-    consensus, _, shared = exp.alg.prepare(state, data, jax.random.PRNGKey(exp.cfg.seed))
+    consensus = exp.alg.aggregate(state)
+    _, shared = exp.alg.distribute(state, data, jax.random.PRNGKey(exp.cfg.seed), consensus)
     np.testing.assert_allclose(
-        np.asarray(consensus), np.asarray(state.extra["scores"]).mean(0), rtol=1e-6, atol=1e-6
+        np.asarray(consensus), np.asarray(state.s).mean(0), rtol=1e-6, atol=1e-6
     )
+    np.testing.assert_array_equal(np.asarray(shared.consensus), np.asarray(consensus))
     assert int(shared.round) == 1
     assert not np.array_equal(np.asarray(shared.align), np.asarray(shared.next_align))
     assert int(metrics["upload_scores_per_client"]) == A * (K + P)
     assert int(new.round) == 1 and np.isfinite(float(metrics["digest_loss"]))
     # The next round's uploads are new scores on the next rows.
-    assert not np.allclose(np.asarray(new.extra["scores"]), np.asarray(state.extra["scores"]))
+    assert not np.allclose(np.asarray(new.s), np.asarray(state.s))
 
 
 @pytest.mark.slow  # 30 s; the grouped mapping against the loop stays in make test via CoFED's
@@ -118,9 +120,7 @@ def test_grouped_program_equals_reference_loop(exp, ran):
     atol: logits of O(1-10) after ~30 Adam steps, float32 reassociation under vmap."""
     _, new, _, ev = ran
     _, new2, _, ev2 = one_round(exp, "reference", 1)
-    np.testing.assert_allclose(
-        np.asarray(new.extra["scores"]), np.asarray(new2.extra["scores"]), atol=2e-3, rtol=1e-3
-    )
+    np.testing.assert_allclose(np.asarray(new.s), np.asarray(new2.s), atol=2e-3, rtol=1e-3)
     np.testing.assert_allclose(
         np.asarray(ev["client_acc"]), np.asarray(ev2["client_acc"]), atol=0.02
     )
@@ -132,9 +132,7 @@ def test_hidden_labels_never_reach_training(exp, ran):
     rng = np.random.default_rng(0)
     corrupt = jnp.asarray(rng.integers(0, K, exp.fed.eval_y.shape), jnp.int32)
     _, new2, _, _ = one_round(exp, fed=exp.fed.with_hidden_labels(corrupt))
-    for a, b in zip(
-        jax.tree.leaves(new.client_vars), jax.tree.leaves(new2.client_vars), strict=True
-    ):
+    for a, b in zip(jax.tree.leaves(new.f), jax.tree.leaves(new2.f), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -145,7 +143,7 @@ def test_transfer_learning_learns_the_public_classes(exp, ran):
     truth = np.asarray(exp.fed.y[public]) - K
     for g, ids in enumerate(exp.alg.members):
         for j in range(len(ids)):
-            variables = jax.tree.map(lambda a, j=j: a[j], state.client_vars[g])
+            variables = jax.tree.map(lambda a, j=j: a[j], state.f[g])
             logits, _ = exp.alg.models[g].apply(variables, exp.fed.x[public])
             assert np.mean(np.asarray(logits)[:, K:].argmax(1) == truth) > 0.3
 

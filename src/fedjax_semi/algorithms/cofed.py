@@ -10,12 +10,12 @@ their own label spaces (its Sec. 4, Algorithm 1).
                            R_i = {(m, k) : m in P_k, k in Y_i, one k of Y_i claims m}  (Eq. 19)
                            for every i in parallel: f_i = train f_i on D_i + R_i
 
-One round of communication (Sec. 4.2 argues against iterating). The participants' models are
-grouped by architecture: `client_update_for` returns one client function per group and the
-engine maps each over its group (`engine.clients.map_groups`). The center sees only the hard
-labels and the label spaces; `evaluate` reports every participant's accuracy after CoFED and
-with its local-only model (kept in the state), and their ratio (Fig. 2). Our choices where the
-paper is silent: docs/choices.md, CoFED.
+One round of communication (Sec. 4.2 argues against iterating): Steps 1-2 are the warm-up,
+Steps 3-4 are `round`. The participants' models are grouped by architecture: each step maps one
+client function per group (`clients.map_groups`). The center sees only the hard labels and the
+label spaces; `evaluate` reports every participant's accuracy after CoFED and with its
+local-only model (kept in the state), and their ratio (Fig. 2). Our choices where the paper is
+silent: docs/choices.md, CoFED.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import jax.numpy as jnp
 from flax import struct
 
 from fedjax_semi.algorithms.base import (
-    FLState,
     Mapper,
     Method,
     clients_finite,
@@ -46,7 +45,7 @@ from fedjax_semi.algorithms.label_spaces import (
 )
 from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
-from fedjax_semi.engine.clients import map_groups
+from fedjax_semi.engine.clients import Clients, map_groups
 from fedjax_semi.engine.keys import (
     COFED_LOCAL_DROPOUT,
     COFED_LOCAL_SAMPLE,
@@ -139,15 +138,65 @@ class PublicShared:
 
 
 @struct.dataclass
-class CoFEDPlan:
-    """prepare -> finish: what the center decided. accept bool [M, K] (P_k); keep bool [C, M]
-    and label int32 [C, M] (R_i); preds int32 [C, M] (the uploads)."""
+class CenterSettings:
+    """The center's knobs that a sweep varies WITHOUT recompiling the round, hence state, not
+    config: Steps 1-2 do not depend on them, so `results/cofed_sweep.py` runs them once and
+    Steps 3-4 for every setting (`CoFED.with_center`). `init` sets them from the config.
+
+    alpha: float32 [] Eq. 18's agreement threshold (algorithm.alpha).
+    public_size: int32 [] how many public rows the center votes on (algorithm.public_size;
+        0 there means all M).
+    """
+
+    alpha: jax.Array
+    public_size: jax.Array
+
+
+@struct.dataclass
+class CoFEDState:
+    """What CoFED carries. Every participant takes part, so client-ordered arrays lead with [N];
+    per-group trees are tuples over the architecture groups with leaves [Cg, ...] (the members
+    `CoFED.members[g]`, in id order).
+
+    round: int32 [] rounds done; sim_time: float32 [] the simulated clock (not advanced here).
+    f: the participants' models f_i per group (after Step 4 once a round has run).
+    f_local: the same after Step 1 only, the local-only models of Fig. 2's ratio.
+    Y: bool [N, K] the label spaces Y_i (Y[i, k]: participant i owns class k).
+    y_hat: int32 [N, M] the uploads, f_i's hard labels on the M public rows (Step 2; -1 before).
+    public_rank: int32 [M] each public row's place in the center's order (`public_order` of the
+        run's key): the center votes on the rows of rank < center.public_size. Derived from the
+        key at init and kept, because drawing it inside the round changed XLA's fusion of the
+        round and moved the training loss by a float32 ulp.
+    center: the center's knobs (alpha, public_size), see CenterSettings.
+    """
+
+    round: jax.Array
+    f: tuple
+    f_local: tuple
+    Y: jax.Array
+    y_hat: jax.Array
+    public_rank: jax.Array
+    center: CenterSettings
+    sim_time: jax.Array
+
+
+@struct.dataclass
+class Consensus:
+    """Step 3's result at the center. accept bool [M, K]: P_k as a mask (Eq. 15-18);
+    keep bool [N, M] and label int32 [N, M]: R_i, the public rows and labels each participant
+    receives (Eq. 19)."""
 
     accept: jax.Array
     keep: jax.Array
     label: jax.Array
-    preds: jax.Array
-    public: jax.Array  # int32 [M] the public set's rows
+
+
+def public_order(key: jax.Array, m: int) -> jax.Array:
+    """int32 [M]: each public row's rank in the order the center takes rows (public_size keeps
+    the rows of rank < size, so smaller sizes are subsets of larger ones, as Fig. 6's sweep)."""
+    return jnp.argsort(jax.random.permutation(round_key(key, COFED_PUBLIC_ORDER, 0), m)).astype(
+        jnp.int32
+    )
 
 
 def combined_table(private: RoleTable, y, public: jax.Array, keep, label):
@@ -204,7 +253,8 @@ class CoFED(Method):
         keys = jax.vmap(lambda i: client_key(key, INIT, 0, i))(ids)
         return jax.vmap(self.models[g].init)(keys)
 
-    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
+    def init(self, key: jax.Array, fed: FederatedData) -> CoFEDState:
+        """Fresh models (Steps 1-2 run in `warmup`), the label spaces Y_i, no uploads yet."""
         public = fed.server.get("public")
         if public is None or public.shape[0] == 0:
             raise bad(
@@ -224,23 +274,16 @@ class CoFED(Method):
                 self.cfg.public_size,
                 f"at most the {m} rows of the public set (0 = all of them)",
             )
-        # The center's knobs live in the state, so one compiled round serves every alpha and
-        # public-set size (a sweep reuses Steps 1-2: `with_center`).
-        rank = jnp.argsort(jax.random.permutation(round_key(key, COFED_PUBLIC_ORDER, 0), m))
-        return FLState(
+        center = CenterSettings(jnp.float32(self.cfg.alpha), jnp.int32(self.cfg.public_size or m))
+        return CoFEDState(
             round=jnp.zeros((), jnp.int32),
-            global_vars={},
-            client_vars=groups,
-            client_opt={},
+            f=groups,
+            f_local=groups,
+            Y=owns,
+            y_hat=jnp.full((self.num_clients, m), -1, jnp.int32),
+            public_rank=public_order(key, m),
+            center=center,
             sim_time=jnp.zeros((), jnp.float32),
-            extra={
-                "owns": owns,
-                "local": groups,  # the local-only models f_i^loc (Step 1), for Fig. 2's ratio
-                "preds": jnp.full((self.num_clients, m), -1, jnp.int32),  # the uploads
-                "alpha": jnp.float32(self.cfg.alpha),
-                "public_size": jnp.int32(self.cfg.public_size or m),
-                "public_rank": rank.astype(jnp.int32),  # a row is used when rank < size
-            },
         )
 
     def _group_inputs(self, g: int, variables, table: RoleTable, labels, owns) -> GroupInputs:
@@ -269,50 +312,78 @@ class CoFED(Method):
         )
         return {"vars": variables, "preds": preds, **stats}
 
-    def warmup(self, state: FLState, data: TrainView, mapper: Mapper, key: jax.Array) -> FLState:
-        private, owns = data.roles["labeled"], state.extra["owns"]
+    def warmup(
+        self, state: CoFEDState, data: TrainView, mapper: Mapper, key: jax.Array
+    ) -> CoFEDState:
+        """Steps 1-2, once before round 1: every participant trains on D_i and uploads its hard
+        labels on the public set; the local-only models are kept as f_local."""
+        private = data.roles["labeled"]
         labels = jax.vmap(position_labels, in_axes=(None, 0))(data.y, private)
         inputs = tuple(
-            self._group_inputs(g, state.client_vars[g], private, labels, owns)
+            self._group_inputs(g, state.f[g], private, labels, state.Y)
             for g in range(len(self.models))
         )
         shared = PublicShared(data.x, data.y, data.server["public"], state.round, key)
-        outs = map_groups(mapper, self.local_fns, inputs, shared)
+        outs = map_groups(mapper, self.local_fns, inputs, shared)  # Steps 1-2
         groups = tuple(o["vars"] for o in outs)
-        preds = state.extra["preds"]
+        y_hat = state.y_hat
         for g, o in enumerate(outs):
-            preds = preds.at[self.members[g]].set(o["preds"])
-        return state.replace(
-            client_vars=groups, extra={**state.extra, "local": groups, "preds": preds}
-        )
+            y_hat = y_hat.at[self.members[g]].set(o["preds"])
+        return state.replace(f=groups, f_local=groups, y_hat=y_hat)
 
     # ------------------------------------------------------------------ Step 3, 4
 
+    def round(
+        self,
+        state: CoFEDState,
+        data: TrainView,
+        key: jax.Array,
+        clients: Clients,
+        flags: tuple = (),
+    ) -> tuple[CoFEDState, dict]:
+        """Steps 3-4 of Algorithm 1 (Steps 1-2 ran once, in `warmup`): the center votes on the
+        uploads and hands out R_i, every participant trains on D_i + R_i (one program per
+        architecture group), the new models are kept."""
+        r = clients.server(self.vote)(state, data)  # Step 3: P_k (Eq. 15-18), R_i (Eq. 19)
+        rows, shared = clients.server(self.update_rows)(state, data, key, r)  # D_i + R_i
+        outs = clients.map_groups(self.update_fns, rows, shared)  # Step 4
+        return clients.server(self.server_update)(state, r, outs, shared.public)
+
     def vote_weights(self, data: TrainView) -> jax.Array | None:
+        """float32 [N] each participant's vote weight (Sec. 4.6's data size), or None (1 each)."""
         if self.cfg.vote_weights == "data_size":
             return data.roles["labeled"].count.astype(jnp.float32)
         return None
 
-    def prepare(self, state: FLState, data: TrainView, key: jax.Array):
-        c, owns, preds = self.cfg, state.extra["owns"], state.extra["preds"]
+    def vote(self, state: CoFEDState, data: TrainView) -> Consensus:
+        """Step 3 at the center, on the uploads y_hat [N, M] and the label spaces Y only:
+        P_k (Eq. 15-18) on the public rows in use, then R_i (Eq. 19, conflicts per Sec. 4.3)."""
+        c, center = self.cfg, state.center
         weights = self.vote_weights(data)
-        alpha, x = state.extra["alpha"], state.extra
-        in_use = x["public_rank"] < x["public_size"]  # [M]
-        accept = voting.consensus_votes(preds, owns, alpha, weights, threshold_op=c.threshold_op)
+        in_use = state.public_rank < center.public_size  # [M]
+        accept = voting.consensus_votes(
+            state.y_hat, state.Y, center.alpha, weights, threshold_op=c.threshold_op
+        )
         accept = accept & in_use[:, None]
-        count, total = voting.vote_counts(preds, owns, weights)
-        keep, label = voting.distribute(accept, owns, conflict=c.conflict, count=count, total=total)
-        table, labels = combined_table(
-            data.roles["labeled"], data.y, data.server["public"], keep, label
+        count, total = voting.vote_counts(state.y_hat, state.Y, weights)
+        keep, label = voting.distribute(
+            accept, state.Y, conflict=c.conflict, count=count, total=total
         )
-        start = state.client_vars
-        if c.update_init == "scratch":
+        return Consensus(accept, keep, label)
+
+    def update_rows(
+        self, state: CoFEDState, data: TrainView, key: jax.Array, r: Consensus
+    ) -> tuple[tuple[GroupInputs, ...], PublicShared]:
+        """Step 4's inputs: per group the members' start models (f_i, or fresh ones with
+        update_init=scratch) and tables D_i + R_i; what every participant reads."""
+        public = data.server["public"]
+        table, labels = combined_table(data.roles["labeled"], data.y, public, r.keep, r.label)
+        start = state.f
+        if self.cfg.update_init == "scratch":
             start = tuple(self._init_group(g, key) for g in range(len(self.models)))
-        inputs = tuple(
-            self._group_inputs(g, start[g], table, labels, owns) for g in range(len(self.models))
-        )
-        shared = PublicShared(data.x, data.y, data.server["public"], state.round, key)
-        return CoFEDPlan(accept, keep, label, preds, data.server["public"]), inputs, shared
+        groups = range(len(self.models))
+        rows = tuple(self._group_inputs(g, start[g], table, labels, state.Y) for g in groups)
+        return rows, PublicShared(data.x, data.y, public, state.round, key)
 
     def _update_client(self, g: int, inp: GroupInputs, shared: PublicShared) -> dict:
         """Step 4 of one participant: train its model on D_i + R_i."""
@@ -330,26 +401,24 @@ class CoFED(Method):
         )
         return {"vars": variables, **stats}
 
-    def client_update_for(self, flags: tuple):
-        return self.update_fns
-
-    def client_update(self, inputs, shared):  # the Algorithm protocol; groups use the above
-        raise NotImplementedError("CoFED maps one client function per architecture group")
-
     def _in_client_order(self, outs, name: str) -> jax.Array:
+        """[N, ...]: the groups' outputs `name` ([Cg, ...] each) written back in client order."""
         first = outs[0][name]
         full = jnp.zeros((self.num_clients, *first.shape[1:]), first.dtype)
         for g, o in enumerate(outs):
             full = full.at[self.members[g]].set(o[name])
         return full
 
-    def finish(self, state: FLState, plan: CoFEDPlan, outs, key: jax.Array):
+    def server_update(
+        self, state: CoFEDState, r: Consensus, outs: tuple, public: jax.Array
+    ) -> tuple[CoFEDState, dict]:
+        """Keep the participants' new models; the round's metrics (public: int32 [M] rows)."""
         loss = self._in_client_order(outs, "loss")
         steps = self._in_client_order(outs, "steps").astype(jnp.float32)
         finite = jnp.zeros((self.num_clients,), bool)
         for g, o in enumerate(outs):
             finite = finite.at[self.members[g]].set(clients_finite(o["vars"]))
-        counts = voting.pseudo_label_counts(plan.accept, plan.keep)
+        counts = voting.pseudo_label_counts(r.accept, r.keep)
         metrics = {
             "cohort": jnp.arange(self.num_clients, dtype=jnp.int32),
             "client_loss": loss,
@@ -360,24 +429,26 @@ class CoFED(Method):
             "pl_union_pk": counts["union_pk"],
             "pl_sum_ri": counts["sum_ri"],
             # The uplink: M hard labels per participant and nothing else (Sec. 4.2).
-            "upload_labels_per_client": jnp.int32(plan.preds.shape[1]),
+            "upload_labels_per_client": jnp.int32(state.y_hat.shape[1]),
             # R_i, scored on the host against the hidden labels (a diagnostic only).
-            "pl_index": jnp.broadcast_to(plan.public, plan.label.shape),
-            "pl_label": plan.label,
+            "pl_index": jnp.broadcast_to(public, r.label.shape),
+            "pl_label": r.label,
         }
-        new = state.replace(round=state.round + 1, client_vars=tuple(o["vars"] for o in outs))
+        new = state.replace(round=state.round + 1, f=tuple(o["vars"] for o in outs))
         return new, metrics
 
-    def with_center(self, state: FLState, alpha: float, public_size: int = 0) -> FLState:
+    def with_center(self, state: CoFEDState, alpha: float, public_size: int = 0) -> CoFEDState:
         """`state` with other center knobs (after Steps 1-2, which do not depend on them):
         the round from it equals a run with algorithm.alpha=alpha, algorithm.public_size=..."""
-        m = state.extra["preds"].shape[-1]
+        m = state.y_hat.shape[-1]
         if not 0 <= alpha <= 1 or not 0 <= public_size <= m:
             raise bad("with_center", (alpha, public_size), f"alpha in [0, 1], size in [0, {m}]")
-        x = state.extra
-        size = jnp.full_like(x["public_size"], public_size or m)
-        alpha = jnp.full_like(x["alpha"], alpha)
-        return state.replace(extra={**x, "alpha": alpha, "public_size": size})
+        c = state.center
+        center = CenterSettings(
+            alpha=jnp.full_like(c.alpha, alpha),
+            public_size=jnp.full_like(c.public_size, public_size or m),
+        )
+        return state.replace(center=center)
 
     # ------------------------------------------------------------------ evaluation
 
@@ -388,14 +459,14 @@ class CoFED(Method):
         loc = score_in_space(model, inp["local"], x, labels, inp["table"], inp["owns"], b)
         return {**fed, "local_correct": loc["correct"]}  # fed: the models behind `accuracy`
 
-    def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
+    def evaluate(self, state: CoFEDState, fed: FederatedData, mapper: Mapper) -> dict:
         """Each participant's accuracy on its own test split (argmax over Y_i) after CoFED and
         with its local-only model, and their ratio (Fig. 2: mean of ratios, min, max)."""
-        test, owns = fed.roles["test"], state.extra["owns"]
+        test, owns = fed.roles["test"], state.Y
         xs = tuple(
             {
-                "fed": state.client_vars[g],
-                "local": state.extra["local"][g],
+                "fed": state.f[g],
+                "local": state.f_local[g],
                 "table": test.take(self.members[g]),
                 "owns": owns[self.members[g]],
             }

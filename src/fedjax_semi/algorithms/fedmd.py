@@ -20,7 +20,8 @@ class scores on a labeled public set, average them into a consensus and distill 
 The head has K + P outputs: the task's K classes, then the public set's P classes (FedMD's
 public data is labeled with classes of its own: dataset.server_pool with
 dataset.server_pool_labels, numbered after the task's). A round's uploads are computed at the
-end of the previous round, so a round is one `prepare -> clients -> finish` pass of the engine.
+end of the previous round (FedMD's Communicate step), so a round is one mapping of the clients:
+Aggregate, Distribute, then Digest, Revisit and the next Communicate in each participant.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ import optax
 from flax import struct
 
 from fedjax_semi.algorithms.base import (
-    FLState,
     Mapper,
     Method,
     clients_finite,
@@ -54,7 +54,7 @@ from fedjax_semi.algorithms.label_spaces import (
 )
 from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
-from fedjax_semi.engine.clients import map_groups
+from fedjax_semi.engine.clients import Clients, map_groups
 from fedjax_semi.engine.keys import (
     FEDMD_ALIGN,
     FEDMD_DIGEST_DROPOUT,
@@ -127,6 +127,29 @@ class AlignShared:
     key: jax.Array
 
 
+@struct.dataclass
+class FedMDState:
+    """What FedMD carries. Client-ordered arrays lead with [N] (every participant takes part);
+    per-group trees are tuples over the architecture groups with leaves [Cg, ...] (the members
+    `FedMD.members[g]`, in id order). W = K + P outputs.
+
+    round: int32 [] rounds done; sim_time: float32 [] the simulated clock (not advanced here).
+    f: the participants' models f_i per group.
+    Y: bool [N, W] the label spaces (the P public classes are in none).
+    s: float32 [N, A, W] the uploads: each f_i's class scores on the next round's alignment
+        rows A_{t+1} (Communicate, computed at the end of round t or of the transfer learning).
+    key: the run's key, uint32 [2]. Kept because `evaluate` (the fine-tuning's draws) receives
+        no key from the engine.
+    """
+
+    round: jax.Array
+    f: tuple
+    Y: jax.Array
+    s: jax.Array
+    key: jax.Array
+    sim_time: jax.Array
+
+
 def alignment_rows(key: jax.Array, rnd: jax.Array, m: int, size: int) -> jax.Array:
     """int32 [size]: positions in the public set of round `rnd`'s alignment subset."""
     return jax.random.permutation(round_key(key, FEDMD_ALIGN, rnd), m)[:size].astype(jnp.int32)
@@ -186,7 +209,8 @@ class FedMD(Method):
 
     # ------------------------------------------------------------------ state
 
-    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
+    def init(self, key: jax.Array, fed: FederatedData) -> FedMDState:
+        """Fresh models (the transfer learning runs in `warmup`), the label spaces, no scores."""
         public = fed.server.get("public")
         if public is None or public.shape[0] == 0:
             raise bad("dataset.server_pool", None, "a labeled public set for FedMD")
@@ -209,18 +233,14 @@ class FedMD(Method):
             for g, ids in enumerate(self.members)
         )
         width = self.k + p
-        return FLState(
+        return FedMDState(
             round=jnp.zeros((), jnp.int32),
-            global_vars={},
-            client_vars=groups,
-            client_opt={},
+            f=groups,
+            # [N, K + P]: the public classes are in no participant's label space.
+            Y=label_spaces(fed.y, fed.roles["labeled"], width),
+            s=jnp.zeros((self.num_clients, self.cfg.align_size, width)),
+            key=key,
             sim_time=jnp.zeros((), jnp.float32),
-            extra={
-                # [C, K + P]: the public classes are in no participant's label space.
-                "owns": label_spaces(fed.y, fed.roles["labeled"], width),
-                "scores": jnp.zeros((self.num_clients, self.cfg.align_size, width)),
-                "key": key,
-            },
         )
 
     def _inputs(self, variables, data: TrainView, owns) -> tuple[GroupInputs, ...]:
@@ -231,7 +251,10 @@ class FedMD(Method):
             for g, ids in enumerate(map(jnp.asarray, self.members))
         )
 
-    def _shared(self, state: FLState, data: TrainView, key: jax.Array, consensus) -> AlignShared:
+    def _shared(
+        self, rnd: jax.Array, data: TrainView, key: jax.Array, consensus: jax.Array
+    ) -> AlignShared:
+        """What every participant reads in round `rnd` (int32 []): A_rnd, A_rnd+1, consensus."""
         public = data.server["public"]
         m, a = public.shape[0], self.cfg.align_size
         return AlignShared(
@@ -239,10 +262,10 @@ class FedMD(Method):
             data.y,
             public,
             data.y[public],
-            alignment_rows(key, state.round, m, a),
-            alignment_rows(key, state.round + 1, m, a),
+            alignment_rows(key, rnd, m, a),
+            alignment_rows(key, rnd + 1, m, a),
             consensus,
-            state.round,
+            rnd,
             key,
         )
 
@@ -290,24 +313,47 @@ class FedMD(Method):
         variables, _ = self._private(g, variables, inp, shared, self.schedule, 0)
         return {"vars": variables, "scores": self._scores(g, variables, shared, shared.align)}
 
-    def warmup(self, state: FLState, data: TrainView, mapper: Mapper, key: jax.Array) -> FLState:
-        inputs = self._inputs(state.client_vars, data, state.extra["owns"])
-        shared = self._shared(state, data, key, jnp.zeros(()))
+    def warmup(
+        self, state: FedMDState, data: TrainView, mapper: Mapper, key: jax.Array
+    ) -> FedMDState:
+        """FedMD's transfer learning, once before round 1, and round 1's Communicate."""
+        inputs = self._inputs(state.f, data, state.Y)
+        shared = self._shared(state.round, data, key, jnp.zeros(()))
         # Round 1's alignment subset: the round counter is 0 here, so score A_{round + 1}.
         shared = shared.replace(align=shared.next_align)
         outs = map_groups(mapper, self.transfer_fns, inputs, shared)
         scores = pool.scatter_rows([o["scores"] for o in outs], self.members)
-        return state.replace(
-            client_vars=tuple(o["vars"] for o in outs), extra={**state.extra, "scores": scores}
-        )
+        return state.replace(f=tuple(o["vars"] for o in outs), s=scores)
 
     # ------------------------------------------------------------------ a round
 
-    def prepare(self, state: FLState, data: TrainView, key: jax.Array):
-        consensus = jnp.mean(state.extra["scores"], axis=0)  # [A, K + P], the center
-        shared = self._shared(state.replace(round=state.round + 1), data, key, consensus)
-        inputs = self._inputs(state.client_vars, data, state.extra["owns"])
-        return consensus, inputs, shared
+    def round(
+        self,
+        state: FedMDState,
+        data: TrainView,
+        key: jax.Array,
+        clients: Clients,
+        flags: tuple = (),
+    ) -> tuple[FedMDState, dict]:
+        """Round t of FedMD's collaboration (its Algorithm 1's loop). Communicate ran at the
+        end of round t - 1 (the scores s_i on A_t are in the state); Aggregate and Distribute at
+        the center; Digest, Revisit and round t + 1's Communicate in each participant."""
+        consensus = clients.server(self.aggregate)(state)  # Aggregate
+        rows, shared = clients.server(self.distribute)(state, data, key, consensus)  # Distribute
+        outs = clients.map_groups(self.round_fns, rows, shared)  # Digest, Revisit, Communicate
+        return clients.server(self.server_update)(state, outs)
+
+    def aggregate(self, state: FedMDState) -> jax.Array:
+        """The consensus [A, K + P]: the mean of the uploaded scores s_i on A_t."""
+        return jnp.mean(state.s, axis=0)
+
+    def distribute(
+        self, state: FedMDState, data: TrainView, key: jax.Array, consensus: jax.Array
+    ) -> tuple[tuple[GroupInputs, ...], AlignShared]:
+        """Per group the members' models and private tables, and what every participant
+        reads: the consensus on A_t and the rows of A_{t+1}."""
+        shared = self._shared(state.round + 1, data, key, consensus)
+        return self._inputs(state.f, data, state.Y), shared
 
     def _round_client(self, g: int, inp: GroupInputs, shared: AlignShared) -> dict:
         """Digest (regress the consensus on A_t), revisit (D_i), upload the scores on A_{t+1}."""
@@ -333,30 +379,26 @@ class FedMD(Method):
             "steps": digest["steps"] + revisit["steps"],
         }
 
-    def client_update_for(self, flags: tuple):
-        return self.round_fns
+    def _rows(self, outs: tuple, name: str) -> jax.Array:
+        """[N, ...]: the groups' outputs `name` ([Cg, ...] each) in client order."""
+        return pool.scatter_rows([o[name] for o in outs], self.members)
 
-    def client_update(self, inputs, shared):  # the Algorithm protocol; groups use the above
-        raise NotImplementedError("FedMD maps one client function per architecture group")
-
-    def finish(self, state: FLState, plan, outs, key: jax.Array):
-        rows = lambda name: pool.scatter_rows([o[name] for o in outs], self.members)
-        loss, steps = rows("loss"), rows("steps").astype(jnp.float32)
+    def server_update(self, state: FedMDState, outs: tuple) -> tuple[FedMDState, dict]:
+        """Keep the new models and the uploads on A_{t+1}; the round's metrics."""
+        loss, steps = self._rows(outs, "loss"), self._rows(outs, "steps").astype(jnp.float32)
         finite = pool.scatter_rows([clients_finite(o["vars"]) for o in outs], self.members)
         metrics = {
             "cohort": jnp.arange(self.num_clients, dtype=jnp.int32),
             "client_loss": loss,
             "client_finite": finite & jnp.isfinite(loss),
             "train_loss": jnp.sum(loss * steps) / jnp.maximum(jnp.sum(steps), 1.0),
-            "digest_loss": jnp.mean(rows("digest_loss")),
+            "digest_loss": jnp.mean(self._rows(outs, "digest_loss")),
             "local_steps": jnp.mean(steps),
             # The uplink: A x (K + P) scores per participant a round (FedMD Sec. 2).
-            "upload_scores_per_client": jnp.int32(plan.size),
+            "upload_scores_per_client": jnp.int32(state.s[0].size),
         }
-        extra = {**state.extra, "scores": rows("scores")}
-        new = state.replace(
-            round=state.round + 1, client_vars=tuple(o["vars"] for o in outs), extra=extra
-        )
+        s = self._rows(outs, "scores")  # Communicate: the uploads on A_{t+1}
+        new = state.replace(round=state.round + 1, f=tuple(o["vars"] for o in outs), s=s)
         return new, metrics
 
     # ------------------------------------------------------------------ evaluation
@@ -376,14 +418,14 @@ class FedMD(Method):
             self.cfg.predict_batch,
         )
 
-    def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
+    def evaluate(self, state: FedMDState, fed: FederatedData, mapper: Mapper) -> dict:
         """Every participant's accuracy with its fine-tuned copy, on its own test split."""
-        key = jax.random.fold_in(state.extra["key"], state.round)
-        owns = state.extra["owns"]
+        key = jax.random.fold_in(state.key, state.round)
+        owns = state.Y
         xs = tuple(
             {
                 "id": jnp.asarray(ids),
-                "vars": state.client_vars[g],
+                "vars": state.f[g],
                 "train": fed.roles["labeled"].take(jnp.asarray(ids)),
                 "test": fed.roles["test"].take(jnp.asarray(ids)),
                 "owns": owns[ids],

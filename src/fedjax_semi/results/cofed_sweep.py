@@ -86,13 +86,13 @@ def sweep_one(
     t_steps12 = time.perf_counter() - t0
     rows = []
     data = exp.fed.train_view()
-    owns = np.asarray(state.extra["owns"])
+    owns = np.asarray(state.Y)
+    public = np.asarray(data.server["public"])
     for alpha in count_alphas:
-        key = jax.random.PRNGKey(seed)  # the center draws nothing (update_init=warm)
-        plan, _, _ = exp.alg.prepare(exp.alg.with_center(state, alpha), data, key)
+        plan = exp.alg.vote(exp.alg.with_center(state, alpha), data)  # Step 3 alone
         counts = voting.pseudo_label_counts(plan.accept, plan.keep)
         label = np.where(np.asarray(plan.keep), np.asarray(plan.label), -1)
-        index = np.broadcast_to(np.asarray(plan.public), label.shape)
+        index = np.broadcast_to(public, label.shape)
         rows.append(
             {
                 "seed": seed,
