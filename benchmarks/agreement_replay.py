@@ -106,10 +106,10 @@ def explain(exp, state, t: int, key, x64, y, idx, count, tol: float = 1e-5) -> N
     data = exp.fed.train_view(oracle=True)
     obj = exp.alg.objective
     grad = jax.jit(jax.grad(lambda p, b: obj(p, {}, b, key, p, True)[0]))
-    name = "cnn" if "Conv_0" in state.global_vars["params"] else "mlp"
+    name = "cnn" if "Conv_0" in state.w["params"] else "mlp"
     width, hidden = exp.cfg.model.width, tuple(exp.cfg.model.hidden)
     for cid in range(len(count)):
-        params = state.global_vars["params"]
+        params = state.w["params"]
         pos, valid = batch_positions(
             client_key(key, SAMPLE, t, cid), count[cid], idx.shape[1], exp.alg.schedule
         )
@@ -246,10 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         f"resync {a.resync}; {len(count)} clients of {count.tolist()} rows"
     )
     key = jax.random.PRNGKey(a.seed)
-    model = from_engine(state.global_vars["params"])
+    model = from_engine(state.w["params"])
     for t in range(a.rounds):
         if a.resync:
-            model = from_engine(state.global_vars["params"])
+            model = from_engine(state.w["params"])
         total = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
         for cid in range(len(count)):
             local = copy.deepcopy(model)
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                 total[n] += float(weights[cid]) * v
         model.load_state_dict(total)
         state, _ = runner.round(state)
-        ref = from_engine(state.global_vars["params"])
+        ref = from_engine(state.w["params"])
         with torch.no_grad():
             mine, theirs = model(x_test), ref(x_test)
         same = float((mine.argmax(1) == theirs.argmax(1)).double().mean())

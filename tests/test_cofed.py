@@ -263,9 +263,7 @@ def test_pfedavg_personalizes_inside_label_spaces():
     corrupt = jnp.asarray(np.random.default_rng(1).integers(0, 10, exp.fed.eval_y.shape), jnp.int32)
     other = Runner(exp.alg, exp.fed.with_hidden_labels(corrupt), chunk="all", eval_chunk="all")
     again, _ = other.round(other.init())
-    for a, b in zip(
-        jax.tree.leaves(state.global_vars), jax.tree.leaves(again.global_vars), strict=True
-    ):
+    for a, b in zip(jax.tree.leaves(state.w), jax.tree.leaves(again.w), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     acc = np.asarray(ev["client_acc"])
     assert acc.shape == (N,) and (acc >= 0).all() and (acc <= 1).all()

@@ -162,7 +162,7 @@ def test_fedavg_with_one_client_is_centralized_sgd_ac19():
     )
     alg, runner = exp.alg, exp.runner(chunk=1)
     state = runner.init()
-    variables = state.global_vars
+    variables = state.w
     data = exp.fed.train_view(oracle=True)
     table = data.roles["train"].take(jnp.asarray([0]))
     row = jax.tree.map(lambda a: a[0], table)
@@ -175,6 +175,6 @@ def test_fedavg_with_one_client_is_centralized_sgd_ac19():
             client_key(exp.key, DROPOUT, r, 0),
         )  # fmt: skip
         for a, b in zip(
-            jax.tree.leaves(state.global_vars), jax.tree.leaves(variables), strict=True
+            jax.tree.leaves(state.w), jax.tree.leaves(variables), strict=True
         ):
             np.testing.assert_allclose(a, b, atol=1e-5)

@@ -45,7 +45,7 @@ def test_sgd_with_server_lr_1_is_fedavg(sgd):
     want, m = run(fedavg.runner(chunk=1))
     got, m2 = sgd[2]
     np.testing.assert_array_equal(m["cohort"], m2["cohort"])
-    for a, b in zip(jax.tree.leaves(got.x), jax.tree.leaves(want.global_vars), strict=True):
+    for a, b in zip(jax.tree.leaves(got.x), jax.tree.leaves(want.w), strict=True):
         np.testing.assert_array_equal(a, b)
     assert int(got.round) == 2
 

@@ -133,7 +133,7 @@ def test_round_1_is_fedavg_when_controls_start_at_zero(exp, chunk1):
     state, m = runner.round(runner.init())
     np.testing.assert_array_equal(m["cohort"], chunk1[2][0]["cohort"])
     ours = chunk1[1][1].x
-    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(state.global_vars), strict=True):
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(state.w), strict=True):
         np.testing.assert_allclose(a, b, atol=5e-7, rtol=0)
     assert float(m["train_loss"]) == pytest.approx(float(chunk1[2][0]["train_loss"]), abs=1e-6)
 

@@ -330,6 +330,7 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
     )
     alg = make_algorithm(
         cfg.algorithm.name,
+        roles=tuple(fed.roles),
         cfg=cfg.algorithm,
         model=model,
         num_clients=cfg.num_clients,

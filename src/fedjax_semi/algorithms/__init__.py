@@ -5,6 +5,7 @@ from fedjax_semi.algorithms import (  # noqa: F401  (register methods)
     ada_fedsemi,
     cfsl,
     cofed,
+    dofed_fedavg,
     dofed_spp,
     fedavg,
     fedbe,

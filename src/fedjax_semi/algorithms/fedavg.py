@@ -1,40 +1,37 @@
 """The FedAvg family: FedAvg, FedAvg-SL, FedProx, FedAvg-PL, Local, and the leaf-mask variants.
 
-One mechanism, several knobs (McMahan et al. 2017, Li et al. 2020):
+One mechanism, several knobs (McMahan et al. 2017, Algorithm 1; Li et al. 2020 for FedProx):
 
-    for each round:
-        S = sample clients_per_round clients                       (prepare)
-        for k in S in parallel:                                    (client_update, vmapped)
-            w_k = merge(w_global, personal_k)                      # shared leaves from the server
-            w_k = local SGD on CE(labeled) [+ mu/2 ||w - w_g||^2] [+ CE(confident pseudo-labels)]
-        w_global += server_lr * (sum_k n_k w_k / sum_k n_k - w_global)   on shared leaves (finish)
-        personal_k = w_k                                           on the others
+    server: w (the global model); client k: its personal leaves of w_k (where any leaf is personal)
+    each round t:
+        S_t = a random set of clients_per_round clients
+        for k in S_t in parallel, from w_t (shared leaves) and its own personal leaves:
+            w_k <- ClientUpdate(k, w_t): local SGD on CE(labeled) [+ mu/2 ||w - w_t||^2]
+                                          [+ CE(confident pseudo-labels)]
+        w_{t+1} = w_t + server_lr (sum_k n_k w_k / sum_k n_k - w_t)   on the shared leaves
+        personal leaves of w_k: kept by client k
 
 * fedavg: labeled data only.            * fedavg_sl: every training label (oracle reference).
 * fedprox: proximal term prox_mu.       * fedavg_pl: + own confident pseudo-labels.
 * local: nothing shared (algorithm.shared=none); each client keeps its model.
+* fixavg, fixprox, fixbn, fedper, lg_fedavg: FixMatch local training (UM-pFSSL's baselines);
+  fedprox_sl, fedbn_sl: FedProx and FedBN on every training label.
 
-On DoFed-SPP's SUBSET/NORMAL partitions (roles `target_labeled`, `target_unlabeled`) fedavg and
-local are DoFed-SPP's baselines (its Sec. 6.1; docs/choices.md: DoFed-SPP, the baselines' details),
-on the same footing as FedFomo and FedBE (`dofed_baselines.py`): they train on D_train + D_lab
-(`baseline_train_data`), Local trains every client every round, the simulated clock advances by the
-slowest participant's compute plus its uploads (Local uploads nothing), and `finish` reports each
-client model's hard labels of its D_unl as `pl_index` / `pl_label`, which the engine scores into
-`pl_acc`.
+A subclass changes the client step or the server step (pFedMe, UM-pFSSL) or what a round
+trains on (DoFed-SPP's baselines, `dofed_fedavg.py`); the round below is the common skeleton.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fedjax_semi.algorithms import dofed_baselines as dofed
 from fedjax_semi.algorithms.base import (
-    FLState,
     Mapper,
     Method,
     RoundShared,
@@ -47,7 +44,7 @@ from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine import aggregate
 from fedjax_semi.engine.aggregate import SHARE_PRESETS
-from fedjax_semi.engine.clients import broadcast, gather, scatter
+from fedjax_semi.engine.clients import Clients, broadcast, gather, scatter
 from fedjax_semi.engine.keys import DROPOUT, INIT, SAMPLE, client_key
 from fedjax_semi.engine.train import (
     LocalObjective,
@@ -57,7 +54,6 @@ from fedjax_semi.engine.train import (
 )
 from fedjax_semi.errors import bad
 from fedjax_semi.models.zoo import Model
-from fedjax_semi.systems import wireless
 
 PyTree = Any
 
@@ -105,24 +101,68 @@ class FedAvgConfig(AlgorithmConfig):
 
 
 @struct.dataclass
-class FedAvgInputs:
-    """prepare -> client_update, one row per cohort client [S, ...]: its id, its training table,
-    its personal leaves and optimizer state, and its unlabeled table (pseudo-labels only)."""
+class Comm:
+    """Whole-model transfers so far (UM-pFSSL's unit, Cost_1 of its Sec. 6.2): each sampled
+    client downloads the global model once and uploads once per round. int32 [] each."""
+
+    downloads: jax.Array
+    uploads: jax.Array
+
+
+@struct.dataclass
+class FedAvgState:
+    """The FedAvg family's state (McMahan et al. 2017, Algorithm 1).
+
+    round: int32 [], the round t.  sim_time: float32 [], the simulated clock.
+    w: the server's model variables (its shared leaves are the global model).
+    w_k: [N, ...] each client's variables where some leaves are personal, else {}.
+    opt_k: [N, ...] each client's optimizer state when persist_optimizer, else {}.
+    comm: the transfers so far.
+    """
+
+    round: jax.Array
+    w: PyTree
+    w_k: PyTree
+    opt_k: PyTree
+    # sim_time before comm: the leaves keep the order of the older state, as does XLA's
+    # compilation of the programs that take the state (one float32 ulp moved otherwise).
+    sim_time: jax.Array
+    comm: Comm
+
+
+@struct.dataclass
+class FedAvgClient:
+    """The round's rows, one per cohort client [S, ...]: its id, its training table, its personal
+    leaves (w_k, {} where nothing is personal) and optimizer state, and its unlabeled table
+    (pseudo-labels only)."""
 
     id: jax.Array
     table: RoleTable
-    personal: PyTree
+    w_k: PyTree
     opt: PyTree
     utable: RoleTable | None = None
 
 
 @struct.dataclass
-class FedAvgPlan:
-    """prepare -> finish: the cohort int32 [S], and on DoFed-SPP's tasks what its clock and
-    labels need (else None)."""
+class FedAvgUpload:
+    """What ClientUpdate returns [S, ...]: the trained variables w_k, the optimizer state it keeps
+    ({} unless persist_optimizer), its weight n_k in the server mean (float32), and local_train's
+    stats: loss (float32), steps (int32), pl_rate (float32).
 
-    cohort: jax.Array
-    target: dofed.TargetPlan | None = None
+    The fields are in the order of the older per-client dict's sorted keys: the mapped program's
+    outputs follow it, and XLA's compilation of the round with them (another order moved a
+    float32 ulp)."""
+
+    loss: jax.Array
+    opt: PyTree
+    pl_rate: jax.Array
+    steps: jax.Array
+    w_k: PyTree
+    weight: jax.Array
+
+    @property
+    def stats(self) -> dict:
+        return {"loss": self.loss, "steps": self.steps, "pl_rate": self.pl_rate}
 
 
 @dataclasses.dataclass
@@ -156,169 +196,126 @@ class FedAvgFamily(Method):
 
     # ------------------------------------------------------------------ state
 
-    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
-        clock = {}
-        if dofed.is_target_task(fed.roles):
-            dofed.check_epochs(self.cfg, self.name)
-            clock = self.uplink.init_state(key, self.num_clients)
-        gv = self.model.init(client_key(key, INIT, 0, 0))
+    def init(self, key: jax.Array, fed: FederatedData) -> FedAvgState:
+        """w_0 (Algorithm 1: "initialize w_0"); every client's personal leaves start from it."""
+        w = self.model.init(client_key(key, INIT, 0, 0))
         n = self.num_clients
-        client_vars = broadcast(gv, n) if self.personal else {}
-        client_opt = broadcast(self.tx.init(gv["params"]), n) if self.cfg.persist_optimizer else {}
-        return FLState(
+        return FedAvgState(
             round=jnp.zeros((), jnp.int32),
-            global_vars=gv,
-            client_vars=client_vars,
-            client_opt=client_opt,
+            w=w,
+            w_k=broadcast(w, n) if self.personal else {},
+            opt_k=broadcast(self.tx.init(w["params"]), n) if self.cfg.persist_optimizer else {},
+            comm=Comm(downloads=jnp.int32(0), uploads=jnp.int32(0)),
             sim_time=jnp.zeros((), jnp.float32),
-            # Whole-model transfers (UM-pFSSL's unit: Cost_1 of its Sec. 6.2, "Communication
-            # cost"): each sampled client downloads the global model once and uploads once per
-            # round.
-            extra={"comm": {"downloads": jnp.int32(0), "uploads": jnp.int32(0)}, **clock},
         )
 
     # ------------------------------------------------------------------ one round
 
-    def prepare(self, state: FLState, data: TrainView, key: jax.Array):
-        target = dofed.is_target_task(data.roles)
-        if target and not self.communicates:  # DoFed-SPP's Local: every client, every round
-            cohort = jnp.arange(self.num_clients)
-        else:
-            cohort = self.sample_cohort(key, state.round)
-        if target:
-            table = dofed.training_table(data.roles, self.cfg.baseline_train_data)
-        else:
-            table = data.roles[self.primary]
-        inputs = FedAvgInputs(
+    def round(
+        self,
+        state: FedAvgState,
+        data: TrainView,
+        key: jax.Array,
+        clients: Clients,
+        flags: tuple = (),
+    ) -> tuple[FedAvgState, dict]:
+        """One round of Algorithm 1: sample S_t, send w_t (and each client its personal leaves),
+        ClientUpdate(k, w_t) for k in S_t in parallel, then the server's weighted mean."""
+        cohort = self.sample_cohort(key, state.round)  # S_t
+        rows = self.client_rows(state, data, data.roles[self.primary], cohort)
+        shared = RoundShared(state.w, data.x, data.y, state.round, key)  # w_t to S_t
+        up = clients.map(self.client_update, rows, shared)
+        return clients.server(self.server_update)(state, cohort, up)
+
+    def client_rows(
+        self, state: FedAvgState, data: TrainView, table: RoleTable, cohort: jax.Array
+    ) -> FedAvgClient:
+        """The cohort's rows [S, ...] of `table` and of the clients' own state."""
+        return FedAvgClient(
             id=cohort,
             table=table.take(cohort),
-            personal=gather(state.client_vars, cohort),
-            opt=gather(state.client_opt, cohort),
+            w_k=gather(state.w_k, cohort),
+            opt=gather(state.opt_k, cohort),
             utable=data.roles["unlabeled"].take(cohort) if self.pseudo_labels else None,
         )
-        shared = RoundShared(state.global_vars, data.x, data.y, state.round, key)
-        if target:  # what the clock and the labels need in `finish`
-            unl = data.roles[dofed.data_roles(data.roles).unl]
-            target = dofed.TargetPlan(cohort, table.count[cohort], unl, data.x)
-            return FedAvgPlan(cohort, target), inputs, shared
-        return FedAvgPlan(cohort), inputs, shared
 
-    def client_update(self, inp: FedAvgInputs, shared: RoundShared) -> dict:
-        c, rnd, cid = self.cfg, shared.round, inp.id
-        variables = shared.models
+    def client_update(self, row: FedAvgClient, shared: RoundShared) -> FedAvgUpload:
+        """ClientUpdate(k, w): E epochs of local SGD from w_t's shared leaves and the client's
+        personal ones (FedProx's term anchors at w_t)."""
+        c = self.cfg
+        w = shared.models
         if self.personal:
-            variables = aggregate.merge(variables, inp.personal, self.mask)
-        new_vars, new_opt, stats = self.train_client(
-            variables,
-            inp.table,
+            w = aggregate.merge(w, row.w_k, self.mask)
+        w_k, opt, stats = self.train_client(
+            w,
+            row.table,
             shared,
-            cid,
+            row.id,
             SAMPLE,
             DROPOUT,
-            opt_state=inp.opt if c.persist_optimizer else None,
+            opt_state=row.opt if c.persist_optimizer else None,
             anchor=shared.models["params"],
-            utable=inp.utable,
+            utable=row.utable,
             unlabeled_batch=self.unlabeled_batch,
-            pl_on=rnd >= c.pl_warmup_rounds,
+            pl_on=shared.round >= c.pl_warmup_rounds,
         )
-        count = inp.table.count
+        count = row.table.count
         weight = count if c.weighting == "num_samples" else (count > 0)
-        return {
-            "vars": new_vars,
-            "opt": new_opt if c.persist_optimizer else {},
-            "weight": weight.astype(jnp.float32),
-            **stats,
-        }
+        return FedAvgUpload(
+            loss=stats["loss"],
+            opt=opt if c.persist_optimizer else {},
+            pl_rate=stats["pl_rate"],
+            steps=stats["steps"],
+            w_k=w_k,
+            weight=weight.astype(jnp.float32),
+        )
 
-    def finish(self, state: FLState, plan: FedAvgPlan, out, key: jax.Array):
+    def server_update(
+        self, state: FedAvgState, cohort: jax.Array, up: FedAvgUpload
+    ) -> tuple[FedAvgState, dict]:
+        """w_{t+1} = w_t + server_lr (sum_k n_k w_k / sum_k n_k - w_t) on the shared leaves; the
+        cohort keeps its personal leaves and optimizer states; the round's metrics."""
         c = self.cfg
-        cohort = plan.cohort
-        new_global = aggregate.server_update(
-            state.global_vars, out["vars"], out["weight"], self.mask, c.server_lr
-        )
-        client_vars = scatter(state.client_vars, cohort, out["vars"]) if self.personal else {}
-        client_opt = scatter(state.client_opt, cohort, out["opt"]) if c.persist_optimizer else {}
-        steps = out["steps"].astype(jnp.float32)
-        metrics = cohort_metrics(cohort, out, out["vars"])
+        w = aggregate.server_update(state.w, up.w_k, up.weight, self.mask, c.server_lr)
+        w_k = scatter(state.w_k, cohort, up.w_k) if self.personal else {}
+        opt_k = scatter(state.opt_k, cohort, up.opt) if c.persist_optimizer else {}
+        metrics = cohort_metrics(cohort, up.stats, up.w_k)
         if self.pseudo_labels:
-            metrics["pl_rate"] = jnp.sum(out["pl_rate"] * steps) / jnp.maximum(jnp.sum(steps), 1.0)
-        moved = cohort.shape[0] if self.communicates else 0
-        comm = {k: v + moved for k, v in state.extra["comm"].items()}
-        metrics["comm_cost"] = comm["downloads"] + comm["uploads"]
-        new_state = state.replace(
-            round=state.round + 1,
-            global_vars=new_global,
-            client_vars=client_vars,
-            client_opt=client_opt,
-            extra={**state.extra, "comm": comm},
-        )
-        if plan.target is not None:
-            return self.target_task_round(state, new_state, plan.target, metrics, key)
-        return new_state, metrics
-
-    def target_task_round(
-        self,
-        old: FLState,
-        state: FLState,
-        plan: dofed.TargetPlan,
-        metrics: dict,
-        key: jax.Array,
-    ):
-        """DoFed-SPP's clock (its Sec. 6.1) and labels (its Sec. 6.2) for this round: the slowest
-        participant's E t_train(|D_train| + |D_lab|) plus m / r_i per upload, and every client's
-        model's hard predictions on its D_unl [N, Du]."""
-        c, t = self.cfg, state.round
-        chosen = jnp.zeros((self.num_clients,), bool).at[plan.cohort].set(self.communicates)
-        t_up, per_upload = self.uplink.upload_time(key, chosen, t, old.extra)
-        t_comp = self.compute.slowest(plan.n_train, c.local_epochs)
-        if self.personal:
-            models = jax.vmap(lambda p: self.client_model(state.global_vars, p))(state.client_vars)
-        else:
-            models = state.global_vars
-        labels = dofed.predict_labels(
-            self.model, models, plan.x, plan.unl, per_client=self.personal
-        )
-        metrics = dict(
-            metrics,
-            upload_time=t_up,
-            upload_times=per_upload,
-            compute_time=t_comp,
-            pl_index=plan.unl.idx,
-            pl_label=labels,
-        )
-        return state.replace(sim_time=wireless.advance_clock(old.sim_time, t_comp, t_up)), metrics
+            steps = up.steps.astype(jnp.float32)
+            pl = jnp.sum(up.pl_rate * steps)
+            metrics["pl_rate"] = pl / jnp.maximum(jnp.sum(steps), 1.0)
+        moved = cohort.shape[0] if self.communicates else 0  # one download, one upload each
+        comm = Comm(downloads=state.comm.downloads + moved, uploads=state.comm.uploads + moved)
+        metrics["comm_cost"] = comm.downloads + comm.uploads
+        new = state.replace(round=state.round + 1, w=w, w_k=w_k, opt_k=opt_k, comm=comm)
+        return new, metrics
 
     # ------------------------------------------------------------------ evaluation
 
-    def client_model(self, global_vars, personal):
-        return aggregate.merge(global_vars, personal, self.mask) if self.personal else global_vars
+    def client_model(self, w: PyTree, personal: PyTree) -> PyTree:
+        """Client k's model: w's shared leaves and its own personal ones."""
+        return aggregate.merge(w, personal, self.mask) if self.personal else w
 
-    def eval_client(self, inp, global_vars, x, labels):
-        variables = self.client_model(global_vars, inp["personal"])
+    def eval_client(self, inp: dict, w: PyTree, x: jax.Array, labels: jax.Array) -> dict:
+        """One client's model on its table row inp["table"]; inp["personal"]: its leaves."""
+        variables = self.client_model(w, inp["personal"])
         return evaluate_row(self.model, variables, x, labels, inp["table"])
 
-    def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
+    def evaluate(self, state: FedAvgState, fed: FederatedData, mapper: Mapper) -> dict:
         """Global accuracy on the server test set, and each client's accuracy on its own test
         split with its own model (the global model where nothing is personal). The sanity
         columns describe the model(s) behind `accuracy`, and with a global model the personal
-        evaluation's too (`personal_` columns)."""
+        evaluation's too (`personal_` columns). Reads state.w and state.w_k only."""
         if not self.personal:
-            out = self.global_evaluation(state.global_vars, fed, mapper)
-        else:
-            out = {}
-            if self.has_global_model:  # pFedMe: a global model beside the personal ones
-                out.update(self.global_evaluation.server(state.global_vars, fed)[0])
-            xs = {"table": fed.roles["test"], "personal": state.client_vars}
-            r = mapper(self.eval_client, xs, state.global_vars, fed.x, fed.eval_y)
-            out["client_acc"], out["personal_acc"] = client_accuracy(r)
-            out.update(sanity(r, prefix="personal_" if self.has_global_model else ""))
-            out["accuracy"] = out["global_acc"] if self.has_global_model else out["personal_acc"]
-        # Each client's model on its D_unl, a secondary metric beside its held-out test split.
-        if dofed.is_target_task(fed.roles):
-            unl = fed.roles[dofed.data_roles(fed.roles).unl]
-            xs = {"table": unl, "personal": state.client_vars}
-            r = mapper(self.eval_client, xs, state.global_vars, fed.x, fed.eval_y)
-            out["cls_acc_on_unl"] = client_accuracy(r)[1]
+            return self.global_evaluation(state.w, fed, mapper)
+        out = {}
+        if self.has_global_model:  # pFedMe: a global model beside the personal ones
+            out.update(self.global_evaluation.server(state.w, fed)[0])
+        xs = {"table": fed.roles["test"], "personal": state.w_k}
+        r = mapper(self.eval_client, xs, state.w, fed.x, fed.eval_y)
+        out["client_acc"], out["personal_acc"] = client_accuracy(r)
+        out.update(sanity(r, prefix="personal_" if self.has_global_model else ""))
+        out["accuracy"] = out["global_acc"] if self.has_global_model else out["personal_acc"]
         return out
 
 
@@ -362,11 +359,34 @@ class GlobalEvaluation:
         return out
 
 
-def _check(cfg: FedAvgConfig, name: str, **required) -> None:
+Requirement = tuple[Callable[[Any], bool], str]  # (ok(value), what is allowed)
+
+
+def check_required(cfg: FedAvgConfig, name: str, **required: Requirement) -> None:
+    """Each knob `key` of `cfg` passes its ok(value), else a ConfigError naming what `name`
+    allows."""
     for key, (ok, allowed) in required.items():
         value = getattr(cfg, key)
         if not ok(value):
             raise bad(f"algorithm.{key}", value, f"{allowed} for algorithm {name}")
+
+
+_check = check_required  # the older name, kept for the subclasses' modules
+
+
+def _positive(v: float) -> bool:
+    return v > 0
+
+
+POSITIVE: Requirement = (_positive, "a number > 0")
+# Local: nothing is shared, so nothing is communicated (DoFed-SPP's variant checks it too).
+LOCAL_REQUIRES: dict[str, Requirement] = {
+    "shared": (lambda v: v == "none", "'none' (nothing is communicated)")
+}
+
+
+def shared_is(preset: str) -> Requirement:
+    return (lambda v: v == preset, f"{preset!r}")
 
 
 @register("fedavg", FedAvgConfig)
@@ -381,58 +401,76 @@ def fedavg_sl(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
 
 @register("fedprox", FedAvgConfig)
 def fedprox(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
-    _check(cfg, "fedprox", prox_mu=(lambda v: v > 0, "a number > 0"))
+    check_required(cfg, "fedprox", prox_mu=POSITIVE)
     return FedAvgFamily(cfg, name="fedprox", **kw)
 
 
 @register("fedavg_pl", FedAvgConfig)
 def fedavg_pl(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
-    _check(cfg, "fedavg_pl", pl_weight=(lambda v: v > 0, "a number > 0"))
+    check_required(cfg, "fedavg_pl", pl_weight=POSITIVE)
     return FedAvgFamily(cfg, name="fedavg_pl", pseudo_labels=True, **kw)
-
-
-def _fixmatch(name: str, shared: str, prox: bool):
-    """FixMatch local training on D^s / D^u with FedAvg, FedProx or a shared-leaf mask."""
-
-    def factory(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
-        req = {
-            "shared": (lambda v: v == shared, f"{shared!r}"),
-            "pl_weight": (lambda v: v > 0, "a number > 0"),
-        }
-        if prox:
-            req["prox_mu"] = (lambda v: v > 0, "a number > 0")
-        _check(cfg, name, **req)
-        return FedAvgFamily(cfg, name=name, pseudo_labels=True, fixmatch=True, **kw)
-
-    register(name, FedAvgConfig)(factory)
-
-
-# The semi-supervised baselines of UM-pFSSL's Tables 1-2 (its Sec. 6.1): one mechanism, knobs.
-_fixmatch("fixavg", "all", prox=False)
-_fixmatch("fixprox", "all", prox=True)
-_fixmatch("fixbn", "fedbn", prox=False)
-_fixmatch("fedper", "fedper", prox=False)
-_fixmatch("lg_fedavg", "lg", prox=False)
-
-
-def _supervised(name: str, shared: str, prox: bool):
-    """FedAvg on every training label with a proximal term or a shared-leaf mask."""
-
-    def factory(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
-        req = {"shared": (lambda v: v == shared, f"{shared!r}")}
-        if prox:
-            req["prox_mu"] = (lambda v: v > 0, "a number > 0")
-        _check(cfg, name, **req)
-        return FedAvgFamily(cfg, name=name, primary="train", oracle=True, **kw)
-
-    register(name, FedAvgConfig)(factory)
-
-
-_supervised("fedprox_sl", "all", prox=True)
-_supervised("fedbn_sl", "fedbn", prox=False)
 
 
 @register("local", FedAvgConfig)
 def local(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
-    _check(cfg, "local", shared=(lambda v: v == "none", "'none' (nothing is communicated)"))
+    check_required(cfg, "local", **LOCAL_REQUIRES)
     return FedAvgFamily(cfg, name="local", **kw)
+
+
+# The semi-supervised baselines of UM-pFSSL's Tables 1-2 (its Sec. 6.1): FixMatch local training
+# on D^s / D^u with FedAvg, FedProx or a shared-leaf mask.
+
+
+def _fixmatch(cfg: FedAvgConfig, name: str, shared: str, prox: bool, **kw) -> FedAvgFamily:
+    required = {"shared": shared_is(shared), "pl_weight": POSITIVE}
+    if prox:
+        required["prox_mu"] = POSITIVE
+    check_required(cfg, name, **required)
+    return FedAvgFamily(cfg, name=name, pseudo_labels=True, fixmatch=True, **kw)
+
+
+@register("fixavg", FedAvgConfig)
+def fixavg(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+    return _fixmatch(cfg, "fixavg", "all", prox=False, **kw)
+
+
+@register("fixprox", FedAvgConfig)
+def fixprox(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+    return _fixmatch(cfg, "fixprox", "all", prox=True, **kw)
+
+
+@register("fixbn", FedAvgConfig)
+def fixbn(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+    return _fixmatch(cfg, "fixbn", "fedbn", prox=False, **kw)
+
+
+@register("fedper", FedAvgConfig)
+def fedper(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+    return _fixmatch(cfg, "fedper", "fedper", prox=False, **kw)
+
+
+@register("lg_fedavg", FedAvgConfig)
+def lg_fedavg(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+    return _fixmatch(cfg, "lg_fedavg", "lg", prox=False, **kw)
+
+
+# FedAvg on every training label with a proximal term or a shared-leaf mask (fully supervised
+# references).
+
+
+def _supervised(cfg: FedAvgConfig, name: str, shared: str, prox: bool, **kw) -> FedAvgFamily:
+    required = {"shared": shared_is(shared)}
+    if prox:
+        required["prox_mu"] = POSITIVE
+    check_required(cfg, name, **required)
+    return FedAvgFamily(cfg, name=name, primary="train", oracle=True, **kw)
+
+
+@register("fedprox_sl", FedAvgConfig)
+def fedprox_sl(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+    return _supervised(cfg, "fedprox_sl", "all", prox=True, **kw)
+
+
+@register("fedbn_sl", FedAvgConfig)
+def fedbn_sl(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+    return _supervised(cfg, "fedbn_sl", "fedbn", prox=False, **kw)

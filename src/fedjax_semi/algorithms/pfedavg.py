@@ -20,9 +20,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
-from fedjax_semi.algorithms.base import FLState, Mapper, register, sanity
-from fedjax_semi.algorithms.fedavg import FedAvgConfig, FedAvgFamily
+from fedjax_semi.algorithms.base import Mapper, register, sanity
+from fedjax_semi.algorithms.fedavg import FedAvgConfig, FedAvgFamily, FedAvgState
 from fedjax_semi.algorithms.label_spaces import finetune_and_score, label_spaces
 from fedjax_semi.data.federated import FederatedData
 from fedjax_semi.engine.train import Schedule, make_optimizer
@@ -49,6 +50,20 @@ class PFedAvgConfig(FedAvgConfig):
             raise bad("algorithm.finetune_lr", self.finetune_lr, "a number > 0")
 
 
+@struct.dataclass
+class PFedAvgState(FedAvgState):
+    """FedAvg's state (w: the shared architecture's global model) and what the evaluation's
+    fine-tuning reads:
+
+    owns: bool [N, K] each participant's label space Y_i (from its labeled rows).
+    key: the run's key, from which each evaluation draws its fine-tuning batches (folded with
+        the round): `evaluate` receives no key, and the draws must stay those of every result.
+    """
+
+    key: jax.Array  # before owns: the older state's leaf order (see FedAvgState)
+    owns: jax.Array
+
+
 @dataclasses.dataclass
 class PersonalizedFedAvg(FedAvgFamily):
     cfg: PFedAvgConfig
@@ -63,17 +78,18 @@ class PersonalizedFedAvg(FedAvgFamily):
         self.finetune_tx = make_optimizer(c.optimizer, c.finetune_lr, c.momentum, c.weight_decay)
         self.finetune_schedule = Schedule(c.batch_size, c.finetune_epochs, 0)
 
-    def init(self, key: jax.Array, fed: FederatedData) -> FLState:
+    def init(self, key: jax.Array, fed: FederatedData) -> PFedAvgState:
         state = super().init(key, fed)
         owns = label_spaces(fed.y, fed.roles["labeled"], self.model.num_classes)
-        return state.replace(extra={**state.extra, "owns": owns, "key": key})
+        fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+        return PFedAvgState(**fields, key=key, owns=owns)
 
-    def _personal_score(self, inp: dict, global_vars, x, y, eval_y, key) -> dict:
+    def _personal_score(self, inp: dict, w, x, y, eval_y, key) -> dict:
         return finetune_and_score(
             self.model,
             self.finetune_tx,
             self.finetune_schedule,
-            global_vars,
+            w,
             (x, y, eval_y),
             inp["train"],
             inp["test"],
@@ -83,16 +99,16 @@ class PersonalizedFedAvg(FedAvgFamily):
             self.eval_batch,
         )
 
-    def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict:
+    def evaluate(self, state: PFedAvgState, fed: FederatedData, mapper: Mapper) -> dict:
         """Every participant's accuracy with its fine-tuned copy of the global model."""
-        key = jax.random.fold_in(state.extra["key"], state.round)
+        key = jax.random.fold_in(state.key, state.round)
         xs = {
             "id": jnp.arange(self.num_clients, dtype=jnp.int32),
             "train": fed.roles["labeled"],
             "test": fed.roles["test"],
-            "owns": state.extra["owns"],
+            "owns": state.owns,
         }
-        r = mapper(self._personal_score, xs, state.global_vars, fed.x, fed.y, fed.eval_y, key)
+        r = mapper(self._personal_score, xs, state.w, fed.x, fed.y, fed.eval_y, key)
         acc = r["correct"] / jnp.maximum(r["count"], 1)
         return {
             "accuracy": jnp.mean(acc),

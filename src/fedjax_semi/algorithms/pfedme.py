@@ -16,17 +16,21 @@ l_k is the FixMatch loss (weak/strong augmentation, confident pseudo-labels) on 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
-from fedjax_semi.algorithms.base import FLState, RoundShared, cohort_metrics, register
+from fedjax_semi.algorithms.base import RoundShared, cohort_metrics, register
 from fedjax_semi.algorithms.fedavg import (
+    POSITIVE,
+    Comm,
+    FedAvgClient,
     FedAvgConfig,
     FedAvgFamily,
-    FedAvgInputs,
-    FedAvgPlan,
-    _check,
+    FedAvgState,
+    check_required,
 )
 from fedjax_semi.engine import aggregate
 from fedjax_semi.engine.clients import scatter
@@ -58,6 +62,26 @@ class PFedMeConfig(FedAvgConfig):
             raise bad("algorithm.pfedme_inner_steps", self.pfedme_inner_steps, "an integer >= 1")
 
 
+@struct.dataclass
+class PFedMeUpload:
+    """What a client returns [S, ...]: its local model w_k (sent to the server), its
+    personalized model theta_k (kept), its weight in the server mean (float32), and the local
+    scan's stats (loss, steps, pl_rate). Fields in the order of the older per-client dict's
+    sorted keys, which the mapped program's outputs and XLA's compilation of the round follow
+    (see FedAvgUpload)."""
+
+    loss: jax.Array
+    pl_rate: jax.Array
+    steps: jax.Array
+    theta_k: Any
+    w_k: Any
+    weight: jax.Array
+
+    @property
+    def stats(self) -> dict:
+        return {"loss": self.loss, "steps": self.steps, "pl_rate": self.pl_rate}
+
+
 @dataclasses.dataclass
 class PFedMe(FedAvgFamily):
     cfg: PFedMeConfig
@@ -66,8 +90,8 @@ class PFedMe(FedAvgFamily):
     def __post_init__(self) -> None:
         super().__post_init__()
         c = self.cfg
-        # Personalized theta_k live in client_vars (every leaf personal for evaluation); the
-        # server averages the local models w_k into the global model.
+        # The personalized theta_k live in the state's w_k (every leaf personal for evaluation);
+        # the server averages the local models w_k into the global model w.
         self.personal, self.has_global_model = True, True
         self.mask = jax.tree.map(lambda m: False, self.mask)
         self.inner = LocalObjective(
@@ -78,7 +102,7 @@ class PFedMe(FedAvgFamily):
             fixmatch=True,
         )
 
-    def client_update(self, inp: FedAvgInputs, shared: RoundShared) -> dict:
+    def client_update(self, inp: FedAvgClient, shared: RoundShared) -> PFedMeUpload:
         """One client's local rounds of pFedMe (Dinh et al. 2020, Algorithm 1): from the received
         global model w, `local_step` on each batch of the shared masked scan. Returns the local
         model w_k (sent to the server) and the personalized model theta_k (kept by the client)."""
@@ -99,13 +123,14 @@ class PFedMe(FedAvgFamily):
             unlabeled_batch=self.unlabeled_batch,
         )
         count = inp.table.count
-        return {
-            "vars": {"params": w_k, **model_state},
-            "theta": {"params": theta_k, **model_state},
-            "opt": {},
-            "weight": (count if c.weighting == "num_samples" else (count > 0)).astype(jnp.float32),
-            **stats,
-        }
+        return PFedMeUpload(
+            loss=stats["loss"],
+            pl_rate=stats["pl_rate"],
+            steps=stats["steps"],
+            theta_k={"params": theta_k, **model_state},
+            w_k={"params": w_k, **model_state},
+            weight=(count if c.weighting == "num_samples" else (count > 0)).astype(jnp.float32),
+        )
 
     def local_step(
         self, carry: tuple, batch: dict, rng: jax.Array
@@ -140,26 +165,26 @@ class PFedMe(FedAvgFamily):
         loss, (_, aux) = self.inner(theta, model_state, batch, rng, w, True)
         return (w_next, theta, model_state), (loss, aux["pl_rate"])
 
-    def finish(self, state: FLState, plan: FedAvgPlan, out, key: jax.Array):
-        c, cohort = self.cfg, plan.cohort
+    def server_update(
+        self, state: FedAvgState, cohort: jax.Array, up: PFedMeUpload
+    ) -> tuple[FedAvgState, dict]:
+        """w <- (1 - beta) w + beta mean_k w_k over every leaf (Algorithm 1's server step); each
+        client of the cohort keeps its theta_k."""
         everything = jax.tree.map(lambda m: True, self.mask)
-        new_global = aggregate.server_update(
-            state.global_vars, out["vars"], out["weight"], everything, c.pfedme_beta
-        )
-        comm = {k: v + cohort.shape[0] for k, v in state.extra["comm"].items()}
+        w = aggregate.server_update(state.w, up.w_k, up.weight, everything, self.cfg.pfedme_beta)
+        moved = cohort.shape[0]
+        comm = Comm(downloads=state.comm.downloads + moved, uploads=state.comm.uploads + moved)
         metrics = {
-            **cohort_metrics(cohort, out, out["theta"]),
-            "comm_cost": comm["downloads"] + comm["uploads"],
+            **cohort_metrics(cohort, up.stats, up.theta_k),
+            "comm_cost": comm.downloads + comm.uploads,
         }
-        return state.replace(
-            round=state.round + 1,
-            global_vars=new_global,
-            client_vars=scatter(state.client_vars, cohort, out["theta"]),
-            extra={**state.extra, "comm": comm},
-        ), metrics
+        new = state.replace(
+            round=state.round + 1, w=w, w_k=scatter(state.w_k, cohort, up.theta_k), comm=comm
+        )
+        return new, metrics
 
 
 @register("pfedme", PFedMeConfig)
 def pfedme(cfg: PFedMeConfig, **kw) -> PFedMe:
-    _check(cfg, "pfedme", pl_weight=(lambda v: v > 0, "a number > 0"))
+    check_required(cfg, "pfedme", pl_weight=POSITIVE)
     return PFedMe(cfg, name="pfedme", pseudo_labels=True, fixmatch=True, **kw)

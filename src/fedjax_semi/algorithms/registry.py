@@ -134,6 +134,29 @@ def check_config_class(name: str, cfg: AlgorithmConfig) -> None:
         )
 
 
-def make_algorithm(name: str, **kwargs) -> Algorithm:
-    check_config_class(name, kwargs["cfg"])
+# name -> [(applies(role names), factory)]: the task variants of a method, in registration order.
+_VARIANTS: dict[str, list[tuple[Callable[[tuple[str, ...]], bool], Callable[..., Algorithm]]]] = {}
+
+
+def register_variant(name: str, applies: Callable[[tuple[str, ...]], bool]) -> Callable[[Any], Any]:
+    """Register `factory(cfg, **kw) -> Algorithm` as a task variant of method `name`: built
+    instead of the method's own factory when `applies(roles)` holds for the partition's role
+    names (DoFed-SPP's FedAvg and Local baselines on its tasks). The variant reads the method's
+    config class; the first registered variant that applies wins."""
+
+    def deco(factory):
+        _VARIANTS.setdefault(name, []).append((applies, factory))
+        return factory
+
+    return deco
+
+
+def make_algorithm(name: str, roles: tuple[str, ...] | None = None, **kwargs) -> Algorithm:
+    """Method `name` built from `kwargs` (cfg, model, ...): the first of its task variants whose
+    `applies(roles)` holds for the partition's role names, else its own factory."""
+    check_config_class(name, kwargs["cfg"])  # loads the plugins, whose variants count too
+    if roles is not None:
+        for applies, factory in _VARIANTS.get(name, ()):
+            if applies(tuple(roles)):
+                return factory(**kwargs)
     return ALGORITHMS[name](**kwargs)
