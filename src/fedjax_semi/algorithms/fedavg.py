@@ -18,7 +18,8 @@ One mechanism, several knobs (McMahan et al. 2017, Algorithm 1; Li et al. 2020 f
   fedprox_sl, fedbn_sl: FedProx and FedBN on every training label.
 
 A subclass changes the client step or the server step (pFedMe, UM-pFSSL) or what a round
-trains on (DoFed-SPP's baselines, `dofed_fedavg.py`); the round below is the common skeleton.
+trains on and reports (a task variant chosen by the partition's roles, `registry.register_variant`);
+the round below is the common skeleton.
 """
 
 from __future__ import annotations
@@ -379,7 +380,7 @@ def _positive(v: float) -> bool:
 
 
 POSITIVE: Requirement = (_positive, "a number > 0")
-# Local: nothing is shared, so nothing is communicated (DoFed-SPP's variant checks it too).
+# Local: nothing is shared, so nothing is communicated (its task variants check it too).
 LOCAL_REQUIRES: dict[str, Requirement] = {
     "shared": (lambda v: v == "none", "'none' (nothing is communicated)")
 }
