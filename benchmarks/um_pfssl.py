@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from common import RESULTS, compose, dataset_or_synthetic, emit, environment, runner_for, timed
 from fedjax_semi import experiment
+from fedjax_semi.algorithms.base import RoundShared
 from fedjax_semi.engine.clients import map_clients
 from fedjax_semi.engine.keys import MC_STATS
 
@@ -29,15 +30,17 @@ def stats_pass(alg, chunk):
     """The STATS pass alone, jitted: MC dropout of every helper slot on each client's data."""
     cmap = functools.partial(map_clients, chunk=chunk)
 
-    def one(inp, shared):
-        n_s, n_u = inp["lab"].count, inp["unl"].count
+    def one(row, shared):
+        n_s, n_u = row.lab.count, row.unl.count
         mu = n_s / jnp.maximum(n_s + n_u, 1)
-        helpers = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), inp["own"], inp["cache"])
-        return alg.helper_stats(helpers, inp["hidx"], MC_STATS, inp, shared, mu)["corr"]
+        helpers = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), row.own, row.H.w_j)
+        return alg.helper_stats(helpers, row.H.j, MC_STATS, row, shared, mu)["corr"]
 
     def run(state, data):
-        _, inputs, shared = alg.prepare(state, data, jax.random.PRNGKey(0))
-        return cmap(one, inputs, shared)
+        key = jax.random.PRNGKey(0)
+        rows = alg.cohort_rows(state, data, alg.sample_cohort(key, state.round))
+        pool = RoundShared(state.w_k, data.x, data.y, state.round + 1, key, state.record)
+        return cmap(one, rows, pool)
 
     return jax.jit(run)
 
