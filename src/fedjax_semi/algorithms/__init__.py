@@ -18,7 +18,7 @@ from fedjax_semi.algorithms import (  # noqa: F401  (register methods)
     scaffold,
     um_pfssl,
 )
-from fedjax_semi.algorithms.base import Algorithm, FLState
+from fedjax_semi.algorithms.base import Algorithm
 from fedjax_semi.algorithms.registry import (
     ALGORITHM_CONFIGS,
     ALGORITHMS,
@@ -30,7 +30,6 @@ __all__ = [
     "ALGORITHM_CONFIGS",
     "ALGORITHMS",
     "Algorithm",
-    "FLState",
     "algorithm_names",
     "make_algorithm",
 ]

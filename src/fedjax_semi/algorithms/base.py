@@ -8,15 +8,8 @@ round, or as a loop of per-client jitted calls in the reference backend. Every r
 derives from the run's key, passed in as an argument (never held by the method). `flags` are
 the round's static switches (`round_flags(t)`), compiled as static arguments.
 
-A method may instead be written in three phases, which the default `round` runs in order:
-
-    plan, inputs, shared = alg.prepare(state, data, key)     # server: select, gather
-    outputs = clients.map(alg.client_update, inputs, shared)  # shared.key is `key`
-    state, metrics = alg.finish(state, plan, outputs, key)    # server: aggregate, scatter
-
-The plan is what the server keeps between its phases: the cohort, or a flax.struct dataclass of
-the method holding it. What goes to the clients is typed too: `inputs` a flax.struct dataclass
-of per-client rows (the method's, or `ClientTable`), `shared` a `RoundShared`.
+Each method keeps its own typed state (a flax.struct dataclass with fields named like its
+paper's symbols, at least `round` and `sim_time`, the two the engine reads).
 """
 
 from __future__ import annotations
@@ -42,7 +35,7 @@ from fedjax_semi.config import AlgorithmConfig, SystemsConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import Clients, select_cohort
 from fedjax_semi.engine.keys import client_key
-from fedjax_semi.engine.state import FLState
+from fedjax_semi.engine.state import State
 from fedjax_semi.engine.train import LocalObjective, Schedule, local_train, make_optimizer
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
@@ -64,15 +57,15 @@ class Algorithm(Protocol):
     has_global_model: bool
     mechanism_metrics: tuple[str, ...]  # row keys summary.json keeps as "mechanism"
 
-    def init(self, key: jax.Array, fed: FederatedData) -> FLState: ...
+    def init(self, key: jax.Array, fed: FederatedData) -> State: ...
 
     def round(
-        self, state: FLState, data: TrainView, key: jax.Array, clients: Clients, flags: tuple
-    ) -> tuple[FLState, dict]: ...
+        self, state: State, data: TrainView, key: jax.Array, clients: Clients, flags: tuple
+    ) -> tuple[State, dict]: ...
 
     def round_flags(self, t: int) -> tuple: ...
 
-    def evaluate(self, state: FLState, fed: FederatedData, mapper: Mapper) -> dict: ...
+    def evaluate(self, state: State, fed: FederatedData, mapper: Mapper) -> dict: ...
 
 
 class Capabilities:
@@ -81,9 +74,6 @@ class Capabilities:
 
     has_warmup: `warmup(state, data, mapper, key)` runs once before round 1.
     round_flags(t): hashable per-round switches of round t, compiled as static arguments.
-    client_update_for(flags): the client function of a round with those switches; a method with
-        heterogeneous models returns one per architecture group, and its `prepare` a tuple of
-        the groups' inputs (`engine.clients.map_groups` maps each group).
     stop_reason(row): the method's own stop rule, read by the run loop (engine.loop.StopRules)
         on each round's row of one replica: why that replica ends now, or None to go on.
     loop_hooks(): extra run-loop hooks (engine.loop.Hook) the method's experiments need, run
@@ -101,23 +91,11 @@ class Capabilities:
     # training never reads (engine.loop.pseudo_label_accuracy).
     label_scores: ClassVar[dict[str, str]] = {"pl_label": "pl_acc"}
 
-    def round(
-        self, state: FLState, data: TrainView, key: jax.Array, clients: Clients, flags: tuple = ()
-    ) -> tuple[FLState, dict]:
-        """One round of a method written in phases: prepare, map the clients, finish. A method
-        written as one round overrides this (and has no phases)."""
-        plan, inputs, shared = clients.server(self.prepare)(state, data, key)  # type: ignore[attr-defined]
-        outputs = clients.map_groups(self.client_update_for(flags), inputs, shared)
-        return clients.server(self.finish)(state, plan, outputs, key)  # type: ignore[attr-defined]
-
-    def warmup(self, state: FLState, data: TrainView, mapper: Mapper, key: jax.Array) -> FLState:
+    def warmup(self, state: State, data: TrainView, mapper: Mapper, key: jax.Array) -> State:
         raise NotImplementedError(f"{type(self).__name__} declares no warm-up")
 
     def round_flags(self, t: int) -> tuple:
         return ()
-
-    def client_update_for(self, flags: tuple) -> Callable[[PyTree, PyTree], PyTree]:
-        return self.client_update  # type: ignore[attr-defined]
 
     def stop_reason(self, row: dict) -> str | None:
         return None
@@ -134,7 +112,7 @@ class Capabilities:
 
 @struct.dataclass
 class RoundShared:
-    """prepare -> client_update, the same for every client of a phase.
+    """What every client of a round reads (the `shared` of `clients.map`).
 
     models: the server's models the clients read: the global model, or the pool of uploads
         (leaves [N, ...]) clients download from.
@@ -153,7 +131,7 @@ class RoundShared:
 
 @struct.dataclass
 class ClientTable:
-    """prepare -> client_update, one row per client [S]: its id and the table it trains on."""
+    """One row per client [S] of `clients.map`: its id and the table it trains on."""
 
     id: jax.Array
     table: RoleTable

@@ -20,16 +20,3 @@ class State(Protocol):
     round: jax.Array
     sim_time: jax.Array
 
-
-# TEMPORARY (removed when the last method has its own typed state).
-from flax import struct  # noqa: E402
-
-
-@struct.dataclass
-class FLState:
-    round: jax.Array
-    global_vars: object
-    client_vars: object
-    client_opt: object
-    sim_time: jax.Array
-    extra: object
