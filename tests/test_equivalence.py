@@ -142,7 +142,7 @@ def test_cnn_chunked_matches_reference():
         np.testing.assert_allclose(x["train_loss"], y["train_loss"], atol=1e-4)
 
 
-def test_fedavg_communication_cost_ac14():
+def test_fedavg_communication_cost():
     """FedAvg-family cost is exactly 2 S rounds whole-model transfers; local moves nothing."""
     for name, per_round in (("fedavg", 2 * 4), ("local", 0)):
         exp = experiment.build(compose_config(f"algorithm={name}"))
@@ -150,7 +150,7 @@ def test_fedavg_communication_cost_ac14():
         assert [int(r["comm_cost"]) for r in rows] == [per_round * t for t in (1, 2, 3)]
 
 
-def test_fedavg_with_one_client_is_centralized_sgd_ac19():
+def test_fedavg_with_one_client_is_centralized_sgd():
     """K = 1 with full participation: the round is exactly SGD on the pooled training data."""
     from fedjax_semi.engine.keys import DROPOUT, SAMPLE, client_key
     from fedjax_semi.engine.train import local_train
