@@ -190,6 +190,7 @@ def test_split_based_labeling_starts_after_the_first_split(exp, four):
     np.testing.assert_allclose(cost * f / np.asarray(plan.n_train), 3 * 20.0, rtol=1e-5)
 
 
+@pytest.mark.slow  # make test-slow: the fast suite must stay under 12 minutes
 def test_stopping_based_labels_only_stopped_clusters():
     """Clusters stop at the warm-up round (eps2 huge: Eq. 25 holds, Eq. 6 never): only their
     workers label, and greedy keeps k = 1 worker per stopped cluster (acceptance 13, 15)."""
@@ -204,6 +205,7 @@ def test_stopping_based_labels_only_stopped_clusters():
     assert sel.sum() == 2 and not delta[~sel].any() and delta[sel].any(1).all()
 
 
+@pytest.mark.slow  # make test-slow: the fast suite must stay under 12 minutes
 def test_labeled_only_cfl_never_pseudo_labels(labeled_only):
     _, _, rows = run(labeled_only, 4)
     assert all(int(m["pseudo_labeled"]) == 0 for m in rows)

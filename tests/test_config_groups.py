@@ -172,6 +172,7 @@ def _one_error_line(r: subprocess.CompletedProcess) -> str:
     return lines[0].removeprefix("fedjax-semi: error: ")
 
 
+@pytest.mark.slow  # make test-slow: the fast suite must stay under 12 minutes
 def test_old_keys_through_the_real_cli(tmp_path):
     # On the command line (a multirun sweep too): refused before Hydra makes any directory.
     line = _one_error_line(_cli(tmp_path, "partition.cofed_min_classes=3"))

@@ -136,6 +136,7 @@ def test_hidden_labels_never_reach_training(exp, ran):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow  # make test-slow: the fast suite must stay under 12 minutes
 def test_transfer_learning_learns_the_public_classes(exp, ran):
     """The labeled public set is used: after the warm-up every model tells the public classes
     apart on the public rows (argmax over the P public outputs) far above chance (1/P)."""

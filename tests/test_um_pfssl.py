@@ -55,7 +55,7 @@ def tiny(tiny_runner):
     return exp, states, rows
 
 
-def test_helper_list_invariants_ac9_ac10_ac13(tiny):
+def test_helper_list_invariants(tiny):
     exp, states, rows = tiny
     k, m, r = 6, 3, 1
     for t in range(1, ROUNDS + 1):
@@ -124,7 +124,7 @@ def test_warmup_trains_every_client(tiny):
         pytest.param("all", ROUNDS, marks=pytest.mark.slow),
     ],
 )
-def test_vectorized_equals_reference_loop_ac18(tiny, backend, n):
+def test_vectorized_equals_reference_loop(tiny, backend, n):
     """chunk=1 (the fixture), one vmap over the cohort, and the per-client loop agree over the
     first n rounds."""
     exp, states, rows = tiny
@@ -158,7 +158,7 @@ KNOBS = [
 # Every non-default knob compiles its own four round variants three times: a long check (make
 # test-slow); the default knobs' mappings agree in the fast suite (test_vectorized_equals_...).
 @pytest.mark.slow
-def test_every_knob_vectorized_equals_reference_loop_ac18_a16_a43():
+def test_every_knob_vectorized_equals_reference_loop():
     """All knobs on: chunk=1 == reference loop. search_schedule=per_client_participations: a
     client searches (R replace downloads) in exactly its first F participations, whatever the
     round. loss_schedule=alternating: an epoch is ceil(n_s / B) CE steps plus ceil(n_u / B) KL
@@ -193,7 +193,7 @@ def test_every_knob_vectorized_equals_reference_loop_ac18_a16_a43():
 
 
 # Four more UM-pFSSL runs, each compiling its round variants: a long check (make test-slow); the
-# kernel's confidence and thresholding are checked against NumPy in test_pseudo_labels_ac7.
+# kernel's confidence and thresholding are checked against NumPy in test_pseudo_labels.
 @pytest.mark.slow
 def test_pl_threshold_keeps_confident_pseudo_labels(tiny):
     """pl_threshold: 0 keeps every pseudo-label, bit-identical to the default null; a
@@ -322,7 +322,8 @@ def test_um_pfssl_needs_dropout_and_valid_sizes():
         experiment.build(compose_config(*TINY, "algorithm.num_replace=3"))
 
 
-def test_same_seed_bit_identical_ac16(tiny_runner, tiny):
+@pytest.mark.slow  # make test-slow: the fast suite must stay under 12 minutes
+def test_same_seed_bit_identical(tiny_runner, tiny):
     exp, runner = tiny_runner
     _, states, rows = tiny
     again, again_rows = rounds(runner, ROUNDS)
@@ -331,7 +332,7 @@ def test_same_seed_bit_identical_ac16(tiny_runner, tiny):
     assert [r["comm_cost"] for r in rows] == [r["comm_cost"] for r in again_rows]
 
 
-def test_joint_loss_ac8():
+def test_joint_loss():
     """KL >= 0 and 0 at p = q; one-hot KL = CE; mu = 1 is CE on labeled rows only, mu = 0 is
     KL on unlabeled rows only; masked rows contribute no gradient."""
     import jax.numpy as jnp
@@ -388,7 +389,7 @@ def test_joint_loss_ac8():
 
 
 @pytest.mark.slow
-def test_smoke_targets_ac20(tmp_path):
+def test_smoke_targets(tmp_path):
     """AC20 (hours on a CPU; run with make test-slow): Fashion-MNIST, alpha 0.5, one seed, the
     paper's 200 rounds: UM-pFSSL ends above 70% mean test accuracy and above FixAvg; after the
     warm-up, clients with mu > 0.5 are above chance on their own test split (distributed like
@@ -442,7 +443,7 @@ def test_switch_defaults_and_bad_values():
         UMPFSSLConfig(aggregate_bn_stats="yes")
 
 
-def test_refresh_trigger_round_flags_a8(tiny):
+def test_refresh_trigger_round_flags(tiny):
     """global_mod (default) refreshes exactly when t % nu == 0, as before the knob existed (the
     tiny run's update downloads come only in rounds 2 and 4); every_round_after_nu (Alg. 1 l.12)
     and per_client_elapsed may refresh in every round t >= nu."""
@@ -470,7 +471,7 @@ def test_refresh_trigger_round_flags_a8(tiny):
 
 
 @pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
-def test_refresh_trigger_per_client_elapsed_a8():
+def test_refresh_trigger_per_client_elapsed():
     """per_client_elapsed: a sampled client refreshes when >= nu rounds have passed since its
     last refresh (the warm-up counts as round 0); its round of last refresh is in the state."""
     exp = experiment.build(
@@ -533,7 +534,7 @@ def _personal_extras(monkeypatch, *overrides):
 
 
 @pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
-def test_kl_direction_a15(monkeypatch):
+def test_kl_direction(monkeypatch):
     """model_to_target is KL(f_w || y_hat) on a hand example, on the pseudo-labeled rows only
     (labeled rows keep CE); the default passes no flag, so its loss is today's KL(y_hat || f_w)."""
     import jax.numpy as jnp
@@ -576,7 +577,8 @@ def test_kl_direction_a15(monkeypatch):
     assert abs(want - float(fwd.mean())) > 1e-4
 
 
-def test_aggregate_bn_stats_a21():
+@pytest.mark.slow  # make test-slow: the fast suite must stay under 12 minutes
+def test_aggregate_bn_stats():
     """true (default): BatchNorm running statistics are Corr-averaged like the parameters, as
     before the knob; false: the client keeps its own, the parameters still averaged."""
     import dataclasses
@@ -623,9 +625,9 @@ def test_aggregate_bn_stats_a21():
 
 
 @pytest.mark.parametrize("mode", ["running", "batch"])
-def test_mc_bn_mode_reaches_the_mc_passes_a26(monkeypatch, mode):
+def test_mc_bn_mode_reaches_the_mc_passes(monkeypatch, mode):
     """The algorithm hands algorithm.mc_bn_mode to every pair_stats call (the kernel's batch
-    mode is checked in test_uncertainty_kernels.py::test_mc_bn_mode_batch_a26)."""
+    mode is checked in test_uncertainty_kernels.py::test_mc_bn_mode_batch)."""
     import types
 
     import jax.numpy as jnp
@@ -651,7 +653,7 @@ def test_mc_bn_mode_reaches_the_mc_passes_a26(monkeypatch, mode):
 
 # A ResNet-9 (BatchNorm) round compiles for tens of seconds on a CPU: make test-slow.
 @pytest.mark.slow
-def test_aggregate_bn_stats_false_after_a_round_a21():
+def test_aggregate_bn_stats_false_after_a_round():
     """BatchNorm trains on batch statistics, so the running statistics a client starts its
     local training from do not change its parameters: aggregate_bn_stats=false gives the same
     parameters as the default after a round, and other running statistics (the default's start
