@@ -120,6 +120,7 @@ def test_server_epoch_runs_ceil_n_over_b_steps(fixed):
         assert int(np.sum(m["pl_label"] >= 0)) == n
 
 
+@pytest.mark.slow  # make test-slow: the fast suite must stay under 12 minutes
 def test_chunk_and_reference_agree(ada):
     """chunk=1 (lax.map), chunk=all (one vmap) and the reference loop: the same decisions
     exactly, the same numbers to float32 rounding (atol 1e-4: a vmap batches the clients'
