@@ -18,6 +18,7 @@ from conftest import compose_config, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.algorithms import dofed_baselines as common
 from fedjax_semi.algorithms import fedbe as fb
+from fedjax_semi.algorithms import fedbe_ensemble as fbe
 from fedjax_semi.algorithms import fedfomo as ff
 from fedjax_semi.data.federated import RoleTable
 from fedjax_semi.engine.keys import client_key, round_key
@@ -157,7 +158,7 @@ def test_gaussian_fit_matches_numpy():
     rng = np.random.default_rng(0)
     stacked = random_tree(rng, (5,))["params"]
     w = np.array([3.0, 0.0, 1.0, 6.0, 2.0], np.float32)  # a zero weight drops a client
-    mu, var = fb.gaussian_fit(jax.tree.map(jnp.asarray, stacked), jnp.asarray(w))
+    mu, var = fbe.gaussian_fit(jax.tree.map(jnp.asarray, stacked), jnp.asarray(w))
     a = w / w.sum()
     leaves = (jax.tree.leaves(t) for t in (stacked, mu, var))
     for x, m, v in zip(*leaves, strict=True):
@@ -166,7 +167,7 @@ def test_gaussian_fit_matches_numpy():
         np.testing.assert_allclose(m, ref_mu, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(v, ref_var, rtol=1e-5, atol=1e-6)
     # One client: mu is its model, sigma^2 = 0.
-    mu1, var1 = fb.gaussian_fit(jax.tree.map(lambda x: jnp.asarray(x[:1]), stacked), jnp.ones(1))
+    mu1, var1 = fbe.gaussian_fit(jax.tree.map(lambda x: jnp.asarray(x[:1]), stacked), jnp.ones(1))
     assert all(float(jnp.abs(v).max()) == 0.0 for v in jax.tree.leaves(var1))
     np.testing.assert_allclose(mu1["a"]["kernel"], stacked["a"]["kernel"][0], rtol=1e-6)
 
@@ -176,20 +177,20 @@ def test_gaussian_sample_is_mean_plus_scaled_noise():
     mu = jax.tree.map(jnp.asarray, random_tree(rng)["params"])
     var = jax.tree.map(lambda x: jnp.asarray(np.abs(x) + 0.1), random_tree(rng)["params"])
     key = jax.random.PRNGKey(3)
-    samples = fb.gaussian_sample(key, mu, var, 7, scale=0.5)
-    z = fb.standard_normals(key, mu, 7)
+    samples = fbe.gaussian_sample(key, mu, var, 7, scale=0.5)
+    z = fbe.standard_normals(key, mu, 7)
     for s, m, v, e in zip(*(jax.tree.leaves(t) for t in (samples, mu, var, z)), strict=True):
         assert s.shape == (7, *m.shape)
         ref = np.asarray(m)[None] + 0.5 * np.sqrt(np.asarray(v))[None] * np.asarray(e)
         np.testing.assert_allclose(s, ref, rtol=1e-5, atol=1e-6)
     # z is N(0, I), independent across leaves and samples; other keys draw other models.
-    big = fb.standard_normals(key, {"w": jnp.zeros((50, 40))}, 40)["w"]
+    big = fbe.standard_normals(key, {"w": jnp.zeros((50, 40))}, 40)["w"]
     assert abs(float(big.mean())) < 0.02 and abs(float(big.std()) - 1.0) < 0.02
-    z2 = fb.standard_normals(jax.random.PRNGKey(4), mu, 7)
+    z2 = fbe.standard_normals(jax.random.PRNGKey(4), mu, 7)
     assert not np.allclose(z["a"]["kernel"], z2["a"]["kernel"])
     # Zero variance: every sample is the mean, exactly.
     zero = jax.tree.map(jnp.zeros_like, var)
-    same = fb.gaussian_sample(key, mu, zero, 3)
+    same = fbe.gaussian_sample(key, mu, zero, 3)
     for s, m in zip(jax.tree.leaves(same), jax.tree.leaves(mu), strict=True):
         np.testing.assert_array_equal(s, np.broadcast_to(m, s.shape))
 
@@ -197,12 +198,12 @@ def test_gaussian_sample_is_mean_plus_scaled_noise():
 def test_ensemble_average_and_distillation_targets():
     rng = np.random.default_rng(2)
     logits = rng.normal(size=(6, 9, 4)).astype(np.float32) * 3  # [E, P, Q]
-    p = fb.ensemble_average(lambda member: member, jnp.asarray(logits))
+    p = fbe.ensemble_average(lambda member: member, jnp.asarray(logits))
     ref = np_softmax(logits.astype(np.float64)).mean(0)
     np.testing.assert_allclose(p, ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(p).sum(-1), 1.0, atol=1e-5)
-    np.testing.assert_array_equal(fb.distill_targets(p, "soft"), p)
-    hard = np.asarray(fb.distill_targets(p, "hard"))
+    np.testing.assert_array_equal(fbe.distill_targets(p, "soft"), p)
+    hard = np.asarray(fbe.distill_targets(p, "hard"))
     np.testing.assert_array_equal(hard, np.eye(4)[ref.argmax(-1)])
 
 
@@ -429,7 +430,7 @@ def test_fedbe_ensemble_and_swa_distillation(be):
     assert jax.tree.leaves(members)[0].shape[0] == 1 + SAMPLES + 2
     assert leaves_equal(row_of(members, 0), mu)
     assert leaves_equal(row_of(members, 1 + SAMPLES), row_of(clients, 0))
-    want = fb.gaussian_sample(round_key(exp.key, fb.GAUSSIAN, 2), mu["params"], var, SAMPLES)
+    want = fbe.gaussian_sample(round_key(exp.key, fb.GAUSSIAN, 2), mu["params"], var, SAMPLES)
     for s in range(SAMPLES):
         assert leaves_equal(row_of(members, 1 + s)["params"], row_of(want, s))
     assert all(r["ensemble_size"] == 1 + SAMPLES + S for r in rows)

@@ -13,61 +13,15 @@ ulp, e.g. u_C - u_P of two equal accuracies came out 8e-7 instead of 0).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import jax
 from flax import struct
 
+from fedjax_semi.engine.pytrees import ordered_pytree
 from fedjax_semi.kernels.bandit import BanditState
 
 PyTree = Any
-
-
-def ordered_pytree(*order: str) -> Callable[[type], type]:
-    """Register a frozen dataclass as a pytree whose children are `order`: field names, or
-    "field.sub" for a field of a part (`PARTS[field]`) of the state, so the leaves of different
-    parts may interleave. Every field (and every field of each part) must be named once."""
-
-    def register(cls: type) -> type:
-        named = {p.partition(".")[0] for p in order}
-        assert named == {f.name for f in dataclasses.fields(cls)}, (cls, named)
-        for head, part in PARTS.items():
-            if head in named:
-                subs = {p.partition(".")[2] for p in order if p.startswith(head + ".")}
-                assert subs == {f.name for f in dataclasses.fields(part)}, (cls, head, subs)
-        keys = tuple(jax.tree_util.GetAttrKey(p) for p in order)
-
-        def children(state):
-            out = []
-            for p in order:
-                head, _, sub = p.partition(".")
-                value = getattr(state, head)
-                out.append(getattr(value, sub) if sub else value)
-            return out
-
-        def unflatten(_, leaves):
-            fields: dict[str, Any] = {}
-            parts: dict[str, dict] = {}
-            for p, leaf in zip(order, leaves, strict=True):
-                head, _, sub = p.partition(".")
-                if sub:
-                    parts.setdefault(head, {})[sub] = leaf
-                else:
-                    fields[head] = leaf
-            for head, kw in parts.items():
-                fields[head] = PARTS[head](**kw)
-            return cls(**fields)
-
-        jax.tree_util.register_pytree_with_keys(
-            cls,
-            lambda state: (list(zip(keys, children(state), strict=True)), None),
-            unflatten,
-            lambda state: (children(state), None),
-        )
-        return cls
-
-    return register
 
 
 @struct.dataclass
@@ -118,7 +72,7 @@ PARTS: dict[str, type] = {"agent_p": Agent, "agent_c": Agent, "labels": PoolLabe
 @ordered_pytree(
     "round", "w", "sim_time", "agent_c.bandit", "agent_c.arm", "labels.a", "spent.cost", "done",
     "labels.ready", "agent_p.bandit", "agent_p.arm", "switched", "w_tilde", "spent.traffic_gb",
-    "u_prev", "spent.wait_count", "spent.wait_sum", "labels.y_hat",
+    "u_prev", "spent.wait_count", "spent.wait_sum", "labels.y_hat", parts=PARTS,
 )  # fmt: skip
 @dataclasses.dataclass(frozen=True)
 class AdaState:

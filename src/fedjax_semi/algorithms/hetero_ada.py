@@ -34,11 +34,12 @@ import optax
 from flax import struct
 
 from fedjax_semi.algorithms.ada_fedsemi import AdaFedSemi
-from fedjax_semi.algorithms.ada_state import AdaPlan, AdaState, AdaUpload, ordered_pytree
+from fedjax_semi.algorithms.ada_state import PARTS, AdaPlan, AdaState, AdaUpload
 from fedjax_semi.algorithms.base import RoundShared, register
 from fedjax_semi.algorithms.hetero_ada_config import HeteroAdaConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.keys import DROPOUT, HETERO_KMEANS, SAMPLE, round_key
+from fedjax_semi.engine.pytrees import ordered_pytree
 from fedjax_semi.engine.train import cross_entropy, masked_mean
 from fedjax_semi.errors import bad
 from fedjax_semi.kernels import depths
@@ -53,6 +54,7 @@ PyTree = Any
     "round", "w", "sim_time", "agent_c.bandit", "agent_c.arm", "labels.a", "spent.cost", "done",
     "gamma_hat", "labels.ready", "agent_p.bandit", "agent_p.arm", "psi_hat", "switched",
     "w_tilde", "spent.traffic_gb", "u_prev", "spent.wait_count", "spent.wait_sum", "labels.y_hat",
+    parts=PARTS,
 )  # fmt: skip
 @dataclasses.dataclass(frozen=True)
 class HeteroAdaState(AdaState):
@@ -60,7 +62,7 @@ class HeteroAdaState(AdaState):
     spent, switched, done) and each client's latest estimates of Eqs. 24-25:
     psi_hat float32 [M] its compute speed (load per second), gamma_hat float32 [M] its
     bandwidth (bytes per second). Its leaves flatten in the order of the reference results
-    (`ada_state.ordered_pytree`)."""
+    (`engine.pytrees.ordered_pytree`)."""
 
     psi_hat: jax.Array
     gamma_hat: jax.Array
