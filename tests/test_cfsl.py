@@ -161,7 +161,8 @@ def test_reduces_to_two_level_fedavg(labeled_only, edges):
 
 
 @pytest.mark.parametrize(
-    "backend, chunk", [("jit", 1), pytest.param("reference", "all", marks=pytest.mark.slow)]
+    "backend, chunk",
+    [pytest.param(b, c, marks=pytest.mark.slow) for b, c in (("jit", 1), ("reference", "all"))],
 )
 def test_jit_chunks_and_reference_loop_agree(exp, four, backend, chunk):
     """Acceptance 9: all at once, one at a time and the reference loop, through a split and a

@@ -101,7 +101,8 @@ def tiny(tiny_runner):
 # ----------------------------------------------------------------------------- engine properties
 
 
-@pytest.mark.parametrize("backend", ["all", pytest.param("reference", marks=pytest.mark.slow)])
+@pytest.mark.slow  # make test-slow: the fast suite must stay under 12 minutes
+@pytest.mark.parametrize("backend", ["all", "reference"])
 def test_vectorized_equals_reference_loop(tiny, backend):
     """chunk=1 (the fixture), one vmap over all clients and the per-client loop agree: states,
     selection decisions, pseudo-labels and metrics."""

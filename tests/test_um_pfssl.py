@@ -118,8 +118,8 @@ def test_warmup_trains_every_client(tiny):
 @pytest.mark.parametrize(
     "backend, n",
     [
-        pytest.param("reference", 2, marks=pytest.mark.slow),  # make test: chunk=all vs chunk=1
-        ("all", 2),
+        pytest.param("reference", 2, marks=pytest.mark.slow),  # all four: make test-slow
+        pytest.param("all", 2, marks=pytest.mark.slow),
         pytest.param("reference", ROUNDS, marks=pytest.mark.slow),
         pytest.param("all", ROUNDS, marks=pytest.mark.slow),
     ],
