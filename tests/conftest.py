@@ -78,6 +78,16 @@ def pytest_configure(config) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """The kernels' NumPy-reference properties run jitted in the fast suite and op by op too in
+    make test-slow (chex's `without_jit` variant): op by op, each Hypothesis example of a new
+    shape dispatches and compiles every primitive anew, about 60 CPU-seconds of the fast suite
+    for a second path through the same kernels."""
+    for item in items:
+        if item.name.endswith("__without_jit") and getattr(item.obj, "hypothesis", None):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_unconfigure(config) -> None:
     for d in _OWN_CACHE:
         shutil.rmtree(d, ignore_errors=True)

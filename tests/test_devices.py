@@ -45,7 +45,7 @@ SCRIPT = textwrap.dedent(
             cfg = compose_config(f"algorithm={{alg}}", "hardware.chunk=all",
                                  f"hardware.devices={{devices}}")
             runner = experiment.build(cfg).runner()
-            args = (runner._keys, runner.init(), runner.data, ())
+            args = (runner._keys, runner._hp, runner.init(), runner.data, ())
             hlo = runner._round.lower(*args).compile().as_text()
             ops = re.findall(r"\\s(all-gather|all-reduce|all-to-all|collective-permute|"
                              r"reduce-scatter)(?:-start)?\\(", hlo)

@@ -728,9 +728,7 @@ class TestAgainstNumPy(chex.TestCase):
         st.booleans(),
         SEEDS,
     )
-    def test_sr_matches_numpy_reference(
-        self, n, gamma, g1, g2, excl, rule, first, use_valid, seed
-    ):
+    def test_sr_matches_numpy_reference(self, n, gamma, g1, g2, excl, rule, first, use_valid, seed):
         """Dyadic inputs keep every numerator exact, so the sign (and the clipping) is the same in
         the kernel and in the literal reference; rows are normalized over all N, self included."""
         rng = np.random.default_rng(seed)

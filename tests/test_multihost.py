@@ -48,7 +48,7 @@ SCRIPT = textwrap.dedent(
     _task(compose_hydra(*args, "rounds=1"))
     _task(compose_hydra(*args, "rounds=2", "resume=true"))
     r = runners[-1]
-    hlo = r._round.lower(r._keys, r.template(), r.data, r._flags(2)).compile().as_text()
+    hlo = r._round.lower(r._keys, r._hp, r.template(), r.data, r._flags(2)).compile().as_text()
     ops = re.findall(r"\\s(all-gather|all-reduce|all-to-all|collective-permute|"
                      r"reduce-scatter)(?:-start)?\\(", hlo)
     gathered = re.findall(r"= \\w+\\[([\\d,]*)\\]\\S* all-gather(?:-start)?\\(", hlo)

@@ -233,3 +233,16 @@ def test_subsample_keeps_a_share_of_every_class():
     np.testing.assert_array_equal(again.x_train, small.x_train)
     assert not np.array_equal(subsample(ds, 0.25, seed=4).x_train, small.x_train)
     assert subsample(ds, 1.0, seed=3) is ds
+
+
+def test_digits_read_directly_equal_scikit_learns_loader():
+    """The file is read without importing scikit-learn (about 2 s per process); the arrays are
+    the ones its `load_digits` returns."""
+    from sklearn.datasets import load_digits as sk_load_digits
+
+    from fedjax_semi.data.image_loaders import _sklearn_digits
+
+    images, target = _sklearn_digits()
+    bunch = sk_load_digits()
+    np.testing.assert_array_equal(images, bunch.images)
+    np.testing.assert_array_equal(target, bunch.target)

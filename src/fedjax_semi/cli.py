@@ -87,7 +87,7 @@ def _task(cfg) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from fedjax_semi import experiment
+    from fedjax_semi import compile_cache, experiment
     from fedjax_semi.config import SettingReplaced
     from fedjax_semi.data.registry import DatasetNotFoundError
     from fedjax_semi.engine.loop import NaNError
@@ -104,6 +104,7 @@ def _task(cfg) -> float | None:
         given = given_keys(hc.overrides.task) if hc is not None else set()
         applied = apply_tuned(cfg, hc.runtime.choices if hc is not None else {}, given)
         c = as_config(cfg)
+        compile_cache.enable(c.hardware.compile_cache)
         # A multirun job (a tuning trial) with resume=true whose run is complete: its stored
         # result, without loading data; a single run resumes as ever (checkpoints checked).
         if hc is not None and hc.mode == RunMode.MULTIRUN and not c.hardware.distributed:
@@ -136,6 +137,11 @@ def _task(cfg) -> float | None:
         finally:
             if applied:  # summary.json says which tuned values the run used
                 record_tuned(out_dir, applied)
+    return report_job(c, summary, out_dir, applied)
+
+
+def report_job(c, summary: dict, out_dir, applied: dict) -> float:
+    """The run's one line of results, and the value it returns to a sweeper (`objective`)."""
     if "non-finite" in str(summary.get("stop_reason")):  # a finished run that diverged
         return float("nan")
     final = summary["final"]
@@ -154,6 +160,29 @@ def _task(cfg) -> float | None:
         print(f"fedjax-semi: warning: objective={c.objective!r} was not measured in this run")
         return float("nan")
     return float(value)
+
+
+def prepare_job(cfg, num: int):
+    """A job of hydra/launcher=vectorized, composed and checked as `_task` checks a run (the
+    registry, tuned values, every config check) before any job trains: a `vectorized.Job`."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from fedjax_semi import compile_cache, vectorized
+    from fedjax_semi.config import validate
+    from fedjax_semi.store import as_config, check_algorithm_options
+    from fedjax_semi.tuned import apply_tuned, given_keys
+
+    hc = HydraConfig.get()
+    check_algorithm_options(hc.runtime.config_sources)
+    applied = apply_tuned(cfg, hc.runtime.choices, given_keys(hc.overrides.task))
+    c = as_config(cfg)
+    validate(c)
+    vectorized.check_job(c)
+    if applied and hc.output_subdir is not None:
+        _save_config(cfg, Path(hc.runtime.output_dir) / hc.output_subdir / "config.yaml")
+    compile_cache.enable(c.hardware.compile_cache)
+    out_dir = Path(c.out_dir or hc.runtime.output_dir)
+    return vectorized.Job(num, c, out_dir, list(hc.overrides.task), applied)
 
 
 def _save_config(cfg, path: Path) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from fedjax_semi.config_groups import (
     AdaPartition,
@@ -55,6 +55,11 @@ class AlgorithmConfig:
     # fedfomo, fedbe) train on: train_and_lab (D_train + D_lab, every label a client holds) |
     # train (D_train only); docs/choices.md: DoFed-SPP, the baselines' details.
     baseline_train_data: str = "train_and_lab"
+    # The keys whose values a vectorized sweep (hydra/launcher=vectorized) gives each run of one
+    # compiled program as traced scalars: they enter the round's arithmetic only, never a shape
+    # or a Python branch (tests/test_vectorized.py traces each method's round with each). A
+    # method's config adds its own.
+    traceable: ClassVar[tuple[str, ...]] = ("lr",)
 
     def __post_init__(self) -> None:
         e, s = self.local_epochs, self.local_steps
@@ -162,6 +167,10 @@ class HardwareConfig:
     devices: Any = 1  # number of devices the client axis is sharded over, or "all"
     # With replicas > 1: seeds mapped per chunk, like clients ("all": one vmap; 1: a loop).
     replica_chunk: Any = "all"
+    # XLA's persistent compilation cache (compile_cache.py): "auto" is $JAX_COMPILATION_CACHE_DIR
+    # or ${XDG_CACHE_HOME:-~/.cache}/fedjax_semi/xla; a directory; or "off". A repeated job
+    # loads its compiled programs instead of compiling them.
+    compile_cache: Any = "auto"
     # Several processes (hosts) through jax.distributed (engine/distributed.py): the client axis
     # sharded over every process's devices; needs devices "all", chunk "all", backend jit.
     distributed: bool = False

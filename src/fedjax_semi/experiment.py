@@ -45,8 +45,10 @@ class Experiment:
         seeds=None,
         replica_chunk=None,
         seed: int | None = None,
+        hparams: dict[str, list[float]] | None = None,
     ) -> Runner:
-        """The config's runner; arguments override hardware.*, the seed and the replica seeds."""
+        """The config's runner; arguments override hardware.*, the seed and the replica seeds.
+        `hparams`: each replica's values of traced config keys (the vectorized launcher's)."""
         h = self.cfg.hardware
         return Runner(
             self.alg,
@@ -63,6 +65,7 @@ class Experiment:
                 "hardware.replica_chunk",
                 h.replica_chunk if replica_chunk is None else replica_chunk,
             ),
+            hparams=hparams,
         )
 
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.errors import bad, check_choice
@@ -35,6 +36,15 @@ class AdaFedSemiConfig(AlgorithmConfig):
     """Ada-FedSemi's knobs. Local training (Eq. 4): tau = local_steps SGD steps of batch
     batch_size with momentum 0.9, momentum reset every round (clients are stateless); `lr` is
     eta_max of Eq. 13, used by the clients and by the server's pseudo-label epoch (Eq. 7)."""
+
+    # What a vectorized sweep may trace (AlgorithmConfig.traceable).
+    traceable: ClassVar[tuple[str, ...]] = (
+        "lr",
+        "eta_min",
+        "beta",
+        "psi",
+        "alpha",
+    )
 
     name: str = "ada_fedsemi"
     local_epochs: int = 0

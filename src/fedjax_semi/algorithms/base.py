@@ -14,8 +14,9 @@ paper's symbols, at least `round` and `sim_time`, the two the engine reads).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol
 
 import jax
@@ -163,6 +164,25 @@ class Method(Capabilities):
         self.model_mb = wireless.model_size_mb(wireless.param_count(self.template["params"]))
         self.uplink = Uplink.from_config(self.systems, self.model_mb)
         self.compute = Compute.from_config(self.systems)
+
+    def with_hyperparameters(self, values: Mapping[str, jax.Array]) -> Method:
+        """This method with `values` in place of its config's keys: inside a compiled round,
+        traced scalars, so one program serves every value of a sweep (the vectorized launcher's
+        run axis). The parts built from the config (optimizers, objectives) are built again from
+        them; the config's own checks ran on the values already. Keys: `cfg.traceable`."""
+        extra = sorted(set(values) - set(self.cfg.traceable))
+        if extra:
+            raise ValueError(
+                f"algorithm.{extra[0]} cannot vary inside one compiled {self.cfg.name} program: "
+                f"the traceable keys are {list(self.cfg.traceable)}"
+            )
+        cfg = copy.copy(self.cfg)
+        for k, v in values.items():
+            object.__setattr__(cfg, k, v)
+        alg = copy.copy(self)
+        alg.cfg = cfg
+        alg.__post_init__()
+        return alg
 
     def train_client(
         self,

@@ -11,6 +11,7 @@ greedy, RR: round-robin). `scenario` names the triple; `prediction_model`, `pred
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.errors import bad, check_choice
@@ -41,6 +42,14 @@ CHOICES = {
 @dataclasses.dataclass
 class CFSLConfig(AlgorithmConfig):
     """CFSL's knobs. Local training: Table II (10 epochs, batch 32, lr 0.01, plain SGD)."""
+
+    # What a vectorized sweep may trace (AlgorithmConfig.traceable).
+    traceable: ClassVar[tuple[str, ...]] = (
+        "lr",
+        "phi",
+        "eps1",
+        "eps2",
+    )
 
     name: str = "cfsl"
     local_epochs: int = 10

@@ -73,6 +73,9 @@ class CoFEDConfig(AlgorithmConfig):
     """CoFED's knobs. The shared ones (optimizer, lr, batch_size, local_epochs) are Step 1's
     local training; `update_*` are Step 4's."""
 
+    # What a vectorized sweep may trace (AlgorithmConfig.traceable).
+    traceable: ClassVar[tuple[str, ...]] = ("lr", "alpha", "update_lr")
+
     name: str = "cofed"
     alpha: float = 0.3  # agreement threshold (Eq. 18; Sec. 5.2: 0.3 on CIFAR)
     threshold_op: str = "gt"  # gt (Eq. 18, strict) | ge

@@ -6,7 +6,7 @@ model copy."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -195,6 +195,14 @@ class DoFedSPPConfig(AlgorithmConfig):
     hyperparameters are in the paper's missing appendix). Every client trains every round
     (clients_per_round is not used); selection_k clients upload. The clock is `systems`' (uploads,
     seconds per sample)."""
+
+    # What a vectorized sweep may trace (AlgorithmConfig.traceable).
+    traceable: ClassVar[tuple[str, ...]] = (
+        "lr",
+        "lr_tar",
+        "sr_g2",
+        "sr_eps",
+    )
 
     name: str = "dofed_spp"
     init_mode: str = "shared"  # shared (one init broadcast) | per_client initial models

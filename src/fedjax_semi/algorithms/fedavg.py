@@ -65,6 +65,13 @@ WEIGHTINGS = ("num_samples", "uniform")
 class FedAvgConfig(AlgorithmConfig):
     """The FedAvg family's knobs (and UM-pFSSL's and pFedMe's, which extend it)."""
 
+    # What a vectorized sweep may trace (AlgorithmConfig.traceable).
+    traceable: ClassVar[tuple[str, ...]] = (
+        "lr",
+        "server_lr",
+        "pl_threshold",
+    )
+
     name: str = "fedavg"
     # Keep each client's optimizer state across rounds (personalized methods) or reset it.
     persist_optimizer: bool = False

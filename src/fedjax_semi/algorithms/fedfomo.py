@@ -29,7 +29,7 @@ everyone.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +62,9 @@ class FedFomoConfig(AlgorithmConfig):
     """FedFomo (Zhang et al. 2021) as DoFed-SPP's baseline; its local training reuses lr,
     local_epochs, batch_size, optimizer and momentum; the clock is `systems`'. M and epsilon are
     our choices (the paper's appendix with them is not public; epsilon from FedFomo's code)."""
+
+    # What a vectorized sweep may trace (AlgorithmConfig.traceable).
+    traceable: ClassVar[tuple[str, ...]] = ("lr", "sr_eps")
 
     name: str = "fedfomo"
     fedfomo_m: int = 10  # M peer models each participating client downloads

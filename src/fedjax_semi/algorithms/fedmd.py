@@ -79,6 +79,13 @@ class FedMDConfig(AlgorithmConfig):
     """FedMD's knobs. The shared ones (optimizer, lr, batch_size, local_epochs) are the private
     training of the transfer-learning phase; revisit reuses its recipe for `revisit_epochs`."""
 
+    # What a vectorized sweep may trace (AlgorithmConfig.traceable).
+    traceable: ClassVar[tuple[str, ...]] = (
+        "lr",
+        "digest_lr",
+        "finetune_lr",
+    )
+
     name: str = "fedmd"
     model_pool: str = "table1"  # the participants' architectures, as CoFED's (models/pool.py)
     table1_models: int = 10

@@ -16,7 +16,7 @@ The fine-tuned copies are never sent back. The architecture is one of CoFED's po
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +35,13 @@ PyTree = Any
 
 @dataclasses.dataclass
 class PFedAvgConfig(FedAvgConfig):
+    # What a vectorized sweep may trace (AlgorithmConfig.traceable).
+    traceable: ClassVar[tuple[str, ...]] = (
+        "lr",
+        "server_lr",
+        "pl_threshold",
+        "finetune_lr",
+    )
     name: str = "pfedavg"
     architecture: list[int] = dataclasses.field(default_factory=lambda: [24, 40, 56])
     finetune_epochs: int = 5

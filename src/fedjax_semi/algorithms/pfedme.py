@@ -16,7 +16,7 @@ l_k is the FixMatch loss (weak/strong augmentation, confident pseudo-labels) on 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +42,16 @@ from fedjax_semi.errors import bad
 @dataclasses.dataclass
 class PFedMeConfig(FedAvgConfig):
     """pFedMe's knobs (values from the pFedMe paper's experiments)."""
+
+    # What a vectorized sweep may trace (AlgorithmConfig.traceable).
+    traceable: ClassVar[tuple[str, ...]] = (
+        "lr",
+        "server_lr",
+        "pl_threshold",
+        "prox_mu",
+        "pfedme_personal_lr",
+        "pfedme_beta",
+    )
 
     name: str = "pfedme"
     pfedme_lambda: float = 15.0  # lambda of the Moreau envelope

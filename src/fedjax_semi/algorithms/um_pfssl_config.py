@@ -30,6 +30,15 @@ class UMPFSSLConfig(FedAvgConfig):
     open is a knob, with our default, docs/choices.md: UM-pFSSL). Local training reuses the
     FedAvg family's knobs."""
 
+    # What a vectorized sweep may trace (AlgorithmConfig.traceable).
+    traceable: ClassVar[tuple[str, ...]] = (
+        "lr",
+        "server_lr",
+        "pl_threshold",
+        "pl_weight",
+        "entropy_eps",
+    )
+
     name: str = "um_pfssl"
     helper_list_size: int = 5  # M, self included (Sec. 6.1 gives M, R, F inconsistently)
     num_replace: int = 2  # R (Sec. 6.1)

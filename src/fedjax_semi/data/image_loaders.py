@@ -114,11 +114,9 @@ def load_digits(data_dir: str | None = None) -> ArrayDataset:
     changes. ``data_dir`` is accepted for a uniform signature and ignored (bundled data).
     """
     del data_dir
-    from sklearn.datasets import load_digits as sk_load_digits  # heavy import, only here
-
-    bunch = sk_load_digits()
-    x = np.round(bunch.images.astype(np.float64) * 255.0 / 16.0).astype(np.uint8)[..., None]
-    y = bunch.target.astype(np.int32)
+    images, target = _sklearn_digits()
+    x = np.round(images.astype(np.float64) * 255.0 / 16.0).astype(np.uint8)[..., None]
+    y = target.astype(np.int32)
     rng = np.random.default_rng(0)
     test_mask = np.zeros(len(y), dtype=bool)
     for c in np.unique(y):
@@ -127,6 +125,25 @@ def load_digits(data_dir: str | None = None) -> ArrayDataset:
     return make_image_dataset(
         "digits", x[~test_mask], y[~test_mask], x[test_mask], y[test_mask], 10
     )
+
+
+def _sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits file read as its `load_digits` reads it (images [1797, 8, 8], target
+    [1797]), without importing scikit-learn: the import alone costs about 2 s, in every process
+    of the tests that load digits."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")  # finds the package without running it
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    if not path.exists():  # another layout of scikit-learn: its own loader
+        from sklearn.datasets import load_digits as sk_load_digits
+
+        bunch = sk_load_digits()
+        return bunch.images, bunch.target
+    with gzip.open(path, "rt") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
 
 
 def load_cifar10(data_dir: str | None = None) -> ArrayDataset:

@@ -89,8 +89,13 @@ class Run:
         return [reason is None for reason in self.reasons]
 
     def label(self, r: int) -> str:
-        """'' for a single run, 'seed <s>: ' for replica r (prefixes messages)."""
-        return "" if self.seeds is None else f"seed {self.seeds[r]}: "
+        """'' for a single run, 'seed <s>: ' for replica r (prefixes messages), or its
+        directory's name where several replicas share a seed (a vectorized sweep's jobs)."""
+        if self.seeds is None:
+            return ""
+        if self.seeds.count(self.seeds[r]) > 1:
+            return f"{self.dirs[r].name}: "
+        return f"seed {self.seeds[r]}: "
 
 
 class Hook:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import jax
@@ -45,9 +45,19 @@ class Runner:
         seed: int = 0,
         seeds: Sequence[int] | None = None,
         replica_chunk: int | str = "all",
+        hparams: Mapping[str, Sequence[float]] | None = None,
     ) -> None:
         self.alg, self.fed, self.backend = alg, fed, backend
         self.seeds = tuple(int(s) for s in seeds) if seeds is not None else None
+        # Replica r's own values of traced config keys (the vectorized launcher's jobs): an
+        # argument of every program, like the keys, so one compiled round serves them all.
+        self.hparams = {k: tuple(float(x) for x in v) for k, v in (hparams or {}).items()}
+        if self.hparams and (self.seeds is None or backend != "jit"):
+            raise ValueError("traced hyperparameters need a replica axis (seeds) and backend jit")
+        for k, v in self.hparams.items():
+            if len(v) != len(self.seeds):
+                raise ValueError(f"{k}: {len(v)} values for {len(self.seeds)} replicas")
+        self._hp = {k: jnp.asarray(v, jnp.float32) for k, v in self.hparams.items()}
         self.replica_chunk = replica_chunk
         self.data = fed.train_view(oracle=alg.oracle)
         self.label_scores = alg.label_scores
@@ -71,7 +81,7 @@ class Runner:
             # each process reads it whole (the cohort's rows are gathered once, in the program).
             out = self._out = replicated(devices)
             self._jit = jax.jit if out is None else functools.partial(jax.jit, out_shardings=out)
-            self._eval = self._jit(self._replicated(lambda key, s, f: alg.evaluate(s, f, emap)))
+            self._eval = self._jit(self._replicated(lambda a, key, s, f: a.evaluate(s, f, emap)))
             if chunk != "auto":
                 self._compile(chunk)
         elif backend == "reference":
@@ -83,37 +93,45 @@ class Runner:
                     "replicas are one compiled program (hardware.backend='jit')"
                 )
             loop, warmup = Clients.reference(), self._warmup_fn
-            self._round = lambda key, state, data, flags: alg.round(state, data, key, loop, flags)
-            self._eval = lambda key, s, f: alg.evaluate(s, f, loop)
-            self._warmup = warmup and (lambda key, s, d: warmup(s, d, loop, key))
+            self._round = lambda key, hp, s, data, flags: alg.round(s, data, key, loop, flags)
+            self._eval = lambda key, hp, s, f: alg.evaluate(s, f, loop)
+            self._warmup = warmup and (lambda key, hp, s, d: warmup(s, d, loop, key))
         else:
             raise ValueError(f"hardware.backend={backend!r} is not allowed: 'jit' or 'reference'")
 
     def _programs(self, chunk: int | str):
         """(jitted round, jitted warm-up or None) with the cohort mapped in chunks of `chunk`."""
-        alg, clients = self.alg, Clients.jitted(chunk, self._place)
+        clients = Clients.jitted(chunk, self._place)
         cmap = Clients.jitted(chunk)  # the warm-up's clients, not placed on the mesh
 
-        def round_fn(key, state, data, flags):
+        def round_fn(alg, key, state, data, flags):
             return alg.round(state, data, key, clients, flags)
 
-        warmup = self._warmup_fn
+        def warmup_fn(alg, key, state, data):
+            return alg.warmup(state, data, cmap, key)
+
         return (
-            self._jit(self._replicated(round_fn), static_argnums=3),
-            warmup and self._jit(self._replicated(lambda key, s, d: warmup(s, d, cmap, key))),
+            self._jit(self._replicated(round_fn), static_argnums=4),
+            self._warmup_fn and self._jit(self._replicated(warmup_fn)),
         )
 
     def _replicated(self, fn: Callable) -> Callable:
-        """fn(key, state, *args) for one run, or with replicas the same over a leading replica
-        axis of keys and states (run r draws from seed r's key). The replicas share the data
-        and the static arguments, and are mapped like clients (`map_clients`):
-        replica_chunk="all" is one vmap (GPU), 1 a loop inside the program (CPU)."""
+        """fn(alg, key, state, *args) as program(keys, hp, state, *args): for one run, or with
+        replicas the same over a leading replica axis of keys, traced values and states (run r
+        draws from seed r's key and reads its own values `hp`, through
+        `alg.with_hyperparameters`). The replicas share the data and the static arguments, and
+        are mapped like clients (`map_clients`): replica_chunk="all" is one vmap (GPU), 1 a
+        loop inside the program (CPU)."""
+        alg = self.alg
         if self.seeds is None:
-            return fn
+            return lambda key, hp, state, *args: fn(alg, key, state, *args)
 
-        def replicated(keys, states, *args):
+        def one(key, hp, state, *args):
+            return fn(alg.with_hyperparameters(hp) if hp else alg, key, state, *args)
+
+        def replicated(keys, hp, states, *args):
             return map_clients(
-                lambda ks: fn(ks[0], ks[1], *args), (keys, states), chunk=self.replica_chunk
+                lambda r: one(r[0], r[1], r[2], *args), (keys, hp, states), chunk=self.replica_chunk
             )
 
         return replicated
@@ -142,9 +160,9 @@ class Runner:
             programs[chunk] = self._programs(chunk)
             fn = programs[chunk][0]
             try:
-                jax.block_until_ready(fn(self._keys, state, self.data, flags))  # compile
+                jax.block_until_ready(fn(self._keys, self._hp, state, self.data, flags))  # compile
                 t0 = time.perf_counter()
-                jax.block_until_ready(fn(self._keys, state, self.data, flags))
+                jax.block_until_ready(fn(self._keys, self._hp, state, self.data, flags))
                 timings[str(chunk)] = time.perf_counter() - t0
             except Exception as e:  # noqa: BLE001 (XLA reports OOM as a runtime error)
                 if "RESOURCE_EXHAUSTED" not in str(e):
@@ -166,7 +184,14 @@ class Runner:
         if self.seeds is None:
             state = self.alg.init(self._keys, self.fed)
         else:
-            states = [self.alg.init(key, self.fed) for key in self._keys]
+            # Replica r's own values of the traced keys reach its init too (concrete here).
+            algs = [
+                self.alg.with_hyperparameters({k: v[r] for k, v in self.hparams.items()})
+                if self.hparams
+                else self.alg
+                for r in range(len(self.seeds))
+            ]
+            states = [a.init(key, self.fed) for a, key in zip(algs, self._keys, strict=True)]
             state = jax.tree.map(lambda *a: jnp.stack(a), *states)
         return state if self._out is None else jax.device_put(state, self._out)
 
@@ -176,15 +201,16 @@ class Runner:
         state = self.template()
         if self.chunk == "auto":
             self._tune(state)
-        return self._warmup(self._keys, state, self.data) if self._warmup else state
+        return self._warmup(self._keys, self._hp, state, self.data) if self._warmup else state
 
     def round(self, state: State) -> tuple[State, dict]:
         if self.chunk == "auto":  # resumed from a checkpoint: init() was not called
             self._tune(state)
-        return self._round(self._keys, state, self.data, self._flags(rounds_done(state) + 1))
+        flags = self._flags(rounds_done(state) + 1)
+        return self._round(self._keys, self._hp, state, self.data, flags)
 
     def evaluate(self, state: State) -> dict:
-        return self._eval(self._keys, state, self.fed)
+        return self._eval(self._keys, self._hp, state, self.fed)
 
     def keep(self, new: State, old: State, active: Sequence[bool]) -> State:
         """Replica r's new state where active[r], its old one where it has stopped."""

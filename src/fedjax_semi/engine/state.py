@@ -19,4 +19,3 @@ class State(Protocol):
 
     round: jax.Array
     sim_time: jax.Array
-

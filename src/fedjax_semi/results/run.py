@@ -32,12 +32,14 @@ def simulate(
     progress: bool = True,
     title: str = "",
     writers: Sequence[str] = ("jsonl", "tensorboard"),
+    dirs: Sequence[Path] | None = None,
 ) -> dict:
     """Run `rounds` rounds and write the run directory. Returns the summary.
 
     With replicas (`runner.seeds`) each seed gets the run directory it would have had on its
     own, out_dir/seed_<s> (metrics, summary.json, plot), and out_dir holds the one checkpoint of
     all of them and replicas.json (mean and std over the seeds), whose content is returned.
+    `dirs` names the replicas' directories instead (the vectorized launcher's jobs).
 
     The hooks run in this order: the metric writers (the JSON-lines one reads back the rows a
     resumed run keeps), the stop rules (which replay them, and ask the method's own rule), the
@@ -50,7 +52,9 @@ def simulate(
     the progress bar."""
     out_dir = Path(out_dir)
     primary = distributed.is_primary()
-    dirs = [out_dir] if runner.seeds is None else [out_dir / f"seed_{s}" for s in runner.seeds]
+    if dirs is None:
+        dirs = [out_dir] if runner.seeds is None else [out_dir / f"seed_{s}" for s in runner.seeds]
+    dirs = [Path(d) for d in dirs]
     for d in (out_dir, *dirs):
         d.mkdir(parents=True, exist_ok=True)
     stop_rules = StopRules(stop or StopConfig(), alg.stop_reason)

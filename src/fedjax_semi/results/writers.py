@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from fedjax_semi import compile_cache
 from fedjax_semi.engine import distributed
 from fedjax_semi.engine.loop import Hook, Rows, Run, StopRules
 from fedjax_semi.results.rundir import MetricsLog, environment, jsonable, plot_curves
@@ -234,6 +235,7 @@ class Summaries(Hook):
                 "chunk": runner.chunk,
                 "autotune": runner.autotune,
                 "replica_seeds": None if runner.seeds is None else list(runner.seeds),
+                "compile_cache": compile_cache.current(),
             },
             "environment": environment(),
         }

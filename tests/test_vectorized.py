@@ -1,0 +1,191 @@
+"""A sweep as one program: traced hyperparameters (Method.with_hyperparameters), the grouping of
+a multirun's jobs (fedjax_semi.vectorized) and hydra/launcher=vectorized through the real CLI.
+Run r of a vectorized program must give the numbers of its job run alone (float32 tolerance:
+the runs are vmapped, and XLA may fuse a vmapped program differently)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import test_golden
+from conftest import SMALL, compose_config
+from fedjax_semi import experiment, vectorized
+from fedjax_semi.config import ConfigError
+from fedjax_semi.engine.simulate import Runner
+
+LRS = (0.05, 0.2)
+# Float32 sums over a vmapped and a single program: equal to a few ulps of values of order 1.
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+def rows_of(runner: Runner, rounds: int) -> list[dict]:
+    state, out = runner.init(), []
+    for _ in range(rounds):
+        state, m = runner.round(state)
+        out.append(jax.device_get({**m, **runner.evaluate(state)}))
+    return out
+
+
+def test_one_compiled_round_serves_every_learning_rate():
+    """Two runs with their own lr in one program (compiled once) against each run alone."""
+    cfg = compose_config("algorithm=fedavg_pl", "algorithm.pl_threshold=0.3")
+    exp = experiment.build(cfg)
+    runner = exp.runner(seeds=[4, 4], hparams={"lr": list(LRS)})
+    together = rows_of(runner, 2)
+    assert runner._round._cache_size() == 1  # one program for both values
+    for r, lr in enumerate(LRS):
+        alone = experiment.build(compose_config("algorithm=fedavg_pl", "algorithm.pl_threshold=0.3",
+                                                f"algorithm.lr={lr}"))  # fmt: skip
+        for a, b in zip(together, rows_of(alone.runner(seed=4), 2), strict=True):
+            np.testing.assert_allclose(a["train_loss"][r], b["train_loss"], **TOL)
+            np.testing.assert_allclose(a["client_acc"][r], b["client_acc"], **TOL)
+    assert together[-1]["train_loss"][0] != together[-1]["train_loss"][1]  # the lr acted
+
+
+def test_a_key_that_cannot_be_traced_is_refused_in_one_line():
+    alg = experiment.build(compose_config("algorithm=fedavg")).alg
+    with pytest.raises(ValueError, match=r"algorithm\.local_epochs cannot vary .*traceable keys"):
+        alg.with_hyperparameters({"local_epochs": 2})
+
+
+def job(num: int, *overrides: str) -> vectorized.Job:
+    return vectorized.Job(num, compose_config(*overrides), Path(f"/sweep/{num}"), list(overrides))
+
+
+def test_jobs_group_by_shapes_and_data_and_trace_what_differs():
+    jobs = [
+        job(i, f"model.hidden=[{h}]", f"algorithm.lr={lr}", f"seed={s}", "data_seed=0")
+        for i, (h, lr, s) in enumerate((h, lr, s) for h in (16, 32) for lr in LRS for s in (0, 1))
+    ]
+    groups = vectorized.make_groups(jobs)
+    assert [[j.num for j in g.jobs] for g in groups] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert groups[0].traced == {"lr": [0.05, 0.05, 0.2, 0.2]}
+    # Without data_seed each seed has its own data, so its own program; a group whose lr does
+    # not vary traces nothing; max_group splits a group.
+    by_seed = vectorized.make_groups([job(i, f"seed={s}") for i, s in enumerate((0, 1, 0))])
+    assert [[j.num for j in g.jobs] for g in by_seed] == [[0, 2], [1]]
+    assert by_seed[0].traced == {}
+    split = vectorized.make_groups(jobs[:4], max_group=3)
+    assert [len(g.jobs) for g in split] == [3, 1] and split[1].traced == {}
+
+
+def test_bad_vectorized_settings_are_one_line():
+    with pytest.raises(ConfigError, match=r"hydra\.launcher\.max_group=0 .*integer >= 1"):
+        vectorized.make_groups([job(0)], max_group=0)
+    with pytest.raises(ConfigError, match=r"replicas=2 .*sweep the seeds"):
+        vectorized.check_job(compose_config("replicas=2"))
+    with pytest.raises(ConfigError, match=r"hardware\.backend='reference' .*'jit'"):
+        vectorized.check_job(compose_config("hardware.backend=reference"))
+
+
+def test_a_group_resumed_from_its_checkpoint_ends_identical(tmp_path):
+    """Two rounds, then resume=true to four, against four at once: every job's metrics.jsonl."""
+
+    def group(root: Path, rounds: int, resume: bool) -> vectorized.Group:
+        over = [f"rounds={rounds}", "checkpoint_every=2", f"resume={str(resume).lower()}",
+                "data_seed=0", "writers=[jsonl]"]  # fmt: skip
+        jobs = [
+            vectorized.Job(
+                i, compose_config(*over, f"algorithm.lr={lr}", f"seed={s}"), root / str(i), []
+            )  # fmt: skip
+            for i, (lr, s) in enumerate((lr, s) for lr in LRS for s in (0, 1))
+        ]
+        (g,) = vectorized.make_groups(jobs)
+        return g
+
+    vectorized.run_group(group(tmp_path / "a", 2, False), tmp_path / "a")
+    vectorized.run_group(group(tmp_path / "a", 4, True), tmp_path / "a")
+    summaries = vectorized.run_group(group(tmp_path / "b", 4, False), tmp_path / "b")
+    traced = [s["vectorized"]["traced"] for s in summaries]
+    assert traced == [{"lr": lr} for lr in LRS for _ in "ab"]
+    for i in range(4):
+        a = test_golden._rows(tmp_path / "a" / str(i))
+        b = test_golden._rows(tmp_path / "b" / str(i))
+        assert [r["round"] for r in a] == [1, 2, 3, 4]
+        assert strip(a) == strip(b)
+    # resume=true on a finished group returns its results without training
+    again = vectorized.run_group(group(tmp_path / "b", 4, True), tmp_path / "b")
+    assert [s["final"] for s in again] == [s["final"] for s in summaries]
+
+
+def strip(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in test_golden.UNTIMED} for r in rows]
+
+
+def launch(tmp_path: Path, launcher: str) -> str:
+    """2 lr x 2 seeds through `fedjax-semi -m hydra/launcher=<launcher>`: its output."""
+    sweep = [*SMALL, "algorithm=fedavg", f"algorithm.lr={LRS[0]},{LRS[1]}", "seed=0,1",
+             "data_seed=0", f"hardware.compile_cache={tmp_path / 'xla'}"]  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedjax_semi.cli",
+            "-m",
+            f"hydra/launcher={launcher}",
+            *sweep,
+            f"hydra.sweep.dir={tmp_path / launcher}",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout + r.stderr
+
+
+def test_vectorized_launcher_writes_every_jobs_directory(tmp_path):
+    """One program for the four jobs; each job's directory as it would be alone."""
+    assert "4 jobs in 1 program(s): 4 jobs, traced ['lr']" in launch(tmp_path, "vectorized")
+    for i in range(4):
+        v = tmp_path / "vectorized" / str(i)
+        for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "run_config.json",
+                     "summary.json", "plots/accuracy.png"):  # fmt: skip
+            assert (v / name).exists(), name
+        assert list((v / "tensorboard").iterdir())
+        assert [x["round"] for x in test_golden._rows(v)] == [1, 2, 3]
+        summary = json.loads((v / "summary.json").read_text())
+        assert summary["vectorized"]["jobs"] == 4
+        assert summary["vectorized"]["traced"] == {"lr": LRS[i // 2]}
+        assert summary["hardware"]["compile_cache"] == str(tmp_path / "xla")
+    assert list((tmp_path / "xla").iterdir())  # the programs were cached there
+
+
+@pytest.mark.slow
+def test_vectorized_launcher_sweep_equals_the_jobs_run_one_by_one(tmp_path):
+    """The same four jobs through Hydra's basic launcher, one by one: the same metrics (the
+    fast suite compares a vectorized program with runs alone in process, above)."""
+    launch(tmp_path, "vectorized")
+    launch(tmp_path, "basic")
+    for i in range(4):
+        rv = strip(test_golden._rows(tmp_path / "vectorized" / str(i)))
+        rb = strip(test_golden._rows(tmp_path / "basic" / str(i)))
+        assert [x["round"] for x in rv] == [x["round"] for x in rb] == [1, 2, 3]
+        for x, y in zip(rv, rb, strict=True):
+            for k in ("train_loss", "accuracy", "personal_acc"):
+                np.testing.assert_allclose(x[k], y[k], **TOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in test_golden.RUNS if n != "replicas"])
+def test_every_traceable_key_traces(name):
+    """Each method's round, warm-up and evaluation lower with every key of its config's
+    `traceable` as a traced value (no shape and no Python branch reads them)."""
+    exp = experiment.build(compose_config(*test_golden.RUNS[name]))
+    keys = type(exp.alg.cfg).traceable
+    values = {k: [float(getattr(exp.alg.cfg, k))] * 2 for k in keys
+              if getattr(exp.alg.cfg, k) is not None}  # fmt: skip
+    r = Runner(exp.alg, exp.fed, chunk=2, eval_chunk=2, seeds=[0, 1], hparams=values)
+    state = r.template()
+    if r._warmup:
+        r._warmup.lower(r._keys, r._hp, state, r.data)
+    r._round.lower(r._keys, r._hp, state, r.data, r._flags(1))
+    r._eval.lower(r._keys, r._hp, state, r.fed)
