@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # included); pyproject.toml keeps only floors, for those who install the package as a library.
 LOCK   := requirements.lock
 
-.PHONY: run test test-slow bench bench-revisions bench-throughput bench-peers lint lock data setup clean
+.PHONY: run test test-slow bench bench-revisions bench-sweeps bench-throughput bench-peers lint lock data setup clean
 
 # uv installs the lock in about a quarter of pip's time; pip installs it where uv cannot (no
 # uv wheel for the platform, an index uv cannot reach). Both install exactly the lock. Bytecode
@@ -53,6 +53,11 @@ bench: data
 BASE ?= HEAD~1
 bench-revisions: data
 	$(PY) benchmarks/revisions.py --base $(BASE) $(BENCH_ARGS)
+
+# A 4 lr x 3 seed sweep through hydra/launcher=vectorized, basic and joblib side by side, and the
+# compilation cache off / cold / warm (docs/sweeps.md).
+bench-sweeps: data
+	$(PY) benchmarks/sweeps.py --cache $(BENCH_ARGS)
 
 # torch comes from the default package registry; a CPU-only wheel index is an option:
 #   make bench-throughput TORCH_INDEX=https://download.pytorch.org/whl/cpu

@@ -85,6 +85,23 @@ def test_bad_vectorized_settings_are_one_line():
         vectorized.check_job(compose_config("hardware.backend=reference"))
 
 
+def test_a_group_out_of_memory_names_its_size_and_the_setting(tmp_path, monkeypatch):
+    """XLA reports running out of device memory as a runtime error; the launcher's line names
+    the group's size and the max_group that halves it."""
+    from fedjax_semi.results import run
+
+    def oom(*args, **kw):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 12 GiB")
+
+    monkeypatch.setattr(run, "simulate", oom)
+    jobs = [job(i, f"algorithm.lr={lr}", "data_seed=0") for i, lr in enumerate((0.1, 0.2, 0.3))]
+    for j in jobs:
+        j.out_dir = tmp_path / str(j.num)
+    (group,) = vectorized.make_groups(jobs)
+    with pytest.raises(ConfigError, match=r"a group of 3 jobs ran out of .*max_group=1"):
+        vectorized.run_group(group, tmp_path)
+
+
 def test_a_group_resumed_from_its_checkpoint_ends_identical(tmp_path):
     """Two rounds, then resume=true to four, against four at once: every job's metrics.jsonl."""
 
@@ -174,12 +191,20 @@ def test_vectorized_launcher_sweep_equals_the_jobs_run_one_by_one(tmp_path):
                 np.testing.assert_allclose(x[k], y[k], **TOL)
 
 
+# Every method family of the golden runs, and the two methods added after them.
+TRACED_RUNS = {
+    **{n: o for n, o in test_golden.RUNS.items() if n != "replicas"},
+    "scaffold": ["algorithm=scaffold"],
+    "fedadam": ["algorithm=fedadam"],
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in test_golden.RUNS if n != "replicas"])
+@pytest.mark.parametrize("name", TRACED_RUNS)
 def test_every_traceable_key_traces(name):
     """Each method's round, warm-up and evaluation lower with every key of its config's
     `traceable` as a traced value (no shape and no Python branch reads them)."""
-    exp = experiment.build(compose_config(*test_golden.RUNS[name]))
+    exp = experiment.build(compose_config(*TRACED_RUNS[name]))
     keys = type(exp.alg.cfg).traceable
     values = {k: [float(getattr(exp.alg.cfg, k))] * 2 for k in keys
               if getattr(exp.alg.cfg, k) is not None}  # fmt: skip

@@ -1,0 +1,85 @@
+"""Is a refactoring's round the same program? `make bench-revisions` times two revisions, where a
+2-core machine's drift (up to 1.5x within a run) hides a few percent; this lowers one FedAvg
+round of each revision to StableHLO and compares the texts with SSA names and locations removed.
+
+    python benchmarks/round_hlo.py --base REV [--model cnn] [--chunk 8]
+
+Checks REV out into a temporary git worktree and lowers its round in a fresh interpreter (its
+own code and configs), then the working tree's; prints each program's operation count and the
+lines that differ (module and result names aside, none means the same program).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common import ROOT
+
+LOWER = """
+import re, sys
+sys.path.insert(0, {bench!r})
+from common import compose, synthetic
+from fedjax_semi import experiment
+cfg = compose("algorithm=fedavg_sl", "partition=iid", "model={model}", "num_clients=100",
+              "clients_per_round=100", "algorithm.local_epochs=0", "algorithm.local_steps=5",
+              "algorithm.batch_size=32", "save_partition=false")
+r = experiment.build(cfg, dataset=synthetic()).runner(chunk={chunk!r})
+state = r.template()
+hp = getattr(r, "_hp", None)  # revisions before traced hyperparameters have no such argument
+args = (r._keys, state) if hp is None else (r._keys, hp, state)
+print(r._round.lower(*args, r.data, r._flags(1)).as_text())
+"""
+
+
+def lowered(tree: Path, model: str, chunk: str) -> str:
+    code = LOWER.format(bench=str(tree / "benchmarks"), model=model, chunk=chunk)
+    env = {"PYTHONPATH": str(tree / "src"), "PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env
+    )
+    return out.stdout
+
+
+def normalized(text: str) -> list[str]:
+    """The program without SSA names, locations, module and result names."""
+    text = re.sub(r"%[\w#.:]+", "%", text)
+    text = re.sub(r"loc\([^)]*\)|#loc\d*", "", text)
+    text = re.sub(r"module @\S+", "module", text)
+    text = re.sub(r'jax\.result_info = "[^"]*"', "", text)
+    return text.splitlines()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", required=True)
+    ap.add_argument("--model", default="cnn")
+    ap.add_argument("--chunk", default="8")
+    args = ap.parse_args()
+    chunk = args.chunk if args.chunk == "all" else int(args.chunk)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-f", str(base), args.base],
+                       check=True, capture_output=True)  # fmt: skip
+        try:
+            old = normalized(lowered(base, args.model, chunk))
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
+                           check=True, capture_output=True)  # fmt: skip
+    new = normalized(lowered(ROOT, args.model, chunk))
+
+    def ops(lines):
+        return sum(len(re.findall(r"= \"?stablehlo\.", x)) for x in lines)
+
+    print(f"base {args.base}: {ops(old)} operations; working tree: {ops(new)} operations")
+    diff = list(difflib.unified_diff(old, new, "base", "working tree", lineterm="", n=0))
+    print("\n".join(diff) if diff else "the same program (names aside)")
+
+
+if __name__ == "__main__":
+    main()
