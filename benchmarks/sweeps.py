@@ -38,6 +38,7 @@ def sweep(
     launcher: str, overrides: list[str], cache: str, workdir: Path
 ) -> tuple[float, list[dict]]:
     """One multirun through the CLI: (wall seconds, each job's summary)."""
+    workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / "sweep"
     cmd = [
         str(Path(sys.executable).parent / "fedjax-semi"),
@@ -77,7 +78,7 @@ def main() -> None:
     rounds = dict(kv.split("=") for kv in args.rounds.split(","))
     env = environment()
     launchers = args.launchers.split(",")
-    for name in args.workloads.split(","):
+    for name in [w for w in args.workloads.split(",") if w]:
         overrides = [
             *SETTINGS[name],
             f"rounds={rounds.get(name, 3)}",
