@@ -74,6 +74,9 @@ def cli(*args: str, **kw) -> list[str]:
     return [sys.executable, "-m", "fedjax_semi.cli", *args]
 
 
+# Three CLI processes (about 50 CPU-seconds): in make test-slow. The fast suite resumes in
+# process (test_faults.py, test_replicas.py, test_scaffold.py, test_vectorized.py).
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_metrics(tmp_path):
     """SIGKILL a real run mid-way, resume it, and compare with an uninterrupted run."""
     over = ["algorithm=fedavg", "rounds=30", "checkpoint_every=10"]
