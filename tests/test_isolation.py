@@ -43,8 +43,8 @@ def corrupt_unlabeled(fed):
 # compiles anyway. The FedAvg-family members it maps only in make test-slow are checked here
 # (one compiled round each instead of its three backends).
 OWN_RUNS = (
-    "dofed_spp", "fedavg_pl", "fedbe", "fedfomo", "fedper", "fedprox", "fixbn", "fixprox",
-    "lg_fedavg", "local", "pfedme",
+    "dofed_spp", "fedavg_pl", "fedbe", "fedfomo", "fedper", "fedprox", "fixavg", "fixbn",
+    "fixprox", "lg_fedavg", "local", "pfedme",
 )  # fmt: skip
 
 

@@ -88,12 +88,10 @@ def test_bad_vectorized_settings_are_one_line():
 def test_a_group_out_of_memory_names_its_size_and_the_setting(tmp_path, monkeypatch):
     """XLA reports running out of device memory as a runtime error; the launcher's line names
     the group's size and the max_group that halves it."""
-    from fedjax_semi.results import run
-
     def oom(*args, **kw):
         raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 12 GiB")
 
-    monkeypatch.setattr(run, "simulate", oom)
+    monkeypatch.setattr(experiment, "train", oom)
     jobs = [job(i, f"algorithm.lr={lr}", "data_seed=0") for i, lr in enumerate((0.1, 0.2, 0.3))]
     for j in jobs:
         j.out_dir = tmp_path / str(j.num)

@@ -361,12 +361,19 @@ def run(exp: Experiment, out_dir: str | Path) -> dict:
         )
         for s in exp.replica_seeds() or []:
             write_seed_config(cfg, out, s)
+    return train(exp, out, exp.runner())
+
+
+def train(exp: Experiment, out: Path, runner: Runner, dirs: list[Path] | None = None) -> dict:
+    """`simulate` with the config's loop settings (rounds, evaluations, checkpoints, stop rules,
+    writers); `dirs`: the replicas' run directories (a vectorized sweep's jobs)."""
+    cfg = exp.cfg
     return simulate(
         exp.alg,
         exp.fed,
         rounds=cfg.rounds,
         out_dir=out,
-        runner=exp.runner(),
+        runner=runner,
         eval_every=cfg.eval_every,
         eval_initial=cfg.eval_initial,
         checkpoint_every=cfg.checkpoint_every,
@@ -375,6 +382,7 @@ def run(exp: Experiment, out_dir: str | Path) -> dict:
         progress=cfg.progress,
         title=f"{cfg.algorithm.name} on {cfg.dataset.name} ({cfg.partition.scheme})",
         writers=cfg.writers,
+        dirs=dirs,
     )
 
 
@@ -409,18 +417,18 @@ RESULT_NEUTRAL_KEYS = frozenset(
 )
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
+def flat_keys(tree: dict, prefix: str = "") -> dict:
     """{"a": {"b": 1}} -> {"a.b": 1}."""
     out = {}
     for k, v in tree.items():
         if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
+            out.update(flat_keys(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
 
 
-def _config_json(cfg: Config) -> dict:
+def config_json(cfg: Config) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
 
 
@@ -438,7 +446,7 @@ def check_resume(cfg: Config, out: Path) -> None:
     if not cfg.resume or not path.exists():
         return
     try:
-        old = _flat(json.loads(path.read_text()))
+        old = flat_keys(json.loads(path.read_text()))
     except (OSError, ValueError) as e:
         raise bad(
             "resume",
@@ -446,7 +454,7 @@ def check_resume(cfg: Config, out: Path) -> None:
             f"{path} cannot be read ({type(e).__name__}); delete it to resume without comparing "
             "settings, or set resume=false",
         ) from None
-    new = _flat(_config_json(cfg))
+    new = flat_keys(config_json(cfg))
     # Keys only one side has (added or removed by a code update) cannot be compared.
     changed = [
         f"{k}: {old[k]!r} -> {new[k]!r}"
@@ -468,7 +476,7 @@ def write_run_config(cfg: Config, out: Path) -> None:
     """out/run_config.json: the settings of this run (replaced atomically: a run killed while
     writing it leaves the old one)."""
     tmp = out / f"{RUN_CONFIG}.tmp"
-    tmp.write_text(json.dumps(_config_json(cfg), indent=1))
+    tmp.write_text(json.dumps(config_json(cfg), indent=1))
     tmp.replace(out / RUN_CONFIG)
 
 

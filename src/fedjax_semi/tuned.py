@@ -151,7 +151,7 @@ def finished_summary(cfg: Any, out_dir: str | Path) -> dict | None:
     """With ``resume=true``: the summary of the run in ``out_dir`` when it is complete for
     ``cfg`` (a ``Config``), else None (train or resume as usual). A directory started with
     settings that change results is a ConfigError (experiment.check_resume)."""
-    from fedjax_semi.experiment import RUN_CONFIG, _config_json, check_resume
+    from fedjax_semi.experiment import RUN_CONFIG, check_resume, config_json
 
     out = Path(out_dir)
     if not cfg.resume or not (out / RUN_CONFIG).exists():
@@ -169,7 +169,7 @@ def finished_summary(cfg: Any, out_dir: str | Path) -> dict | None:
         old_stop = json.loads((out / RUN_CONFIG).read_text()).get("stop")
     except (OSError, ValueError):
         return None  # a damaged file: the ordinary resume path says what is wrong
-    same_stop = old_stop == _config_json(cfg)["stop"]
+    same_stop = old_stop == config_json(cfg)["stop"]
     if not all(run_complete(s, cfg.rounds, same_stop) for s in summaries):
         return None
     check_resume(cfg, out)

@@ -71,22 +71,12 @@ def check_job(cfg: Config) -> None:
         raise bad("hardware.chunk", "auto", "a size or 'all' with hydra/launcher=vectorized")
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def group_key(cfg: Config) -> str:
     """Every setting but the seed and the traced keys, with the data seed made explicit: jobs
     with equal keys can share one program (the same shapes, data and static switches)."""
-    from fedjax_semi.experiment import data_seed
+    from fedjax_semi.experiment import config_json, data_seed, flat_keys
 
-    flat = _flat(json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
+    flat = flat_keys(config_json(cfg))
     flat["data_seed"] = data_seed(cfg)
     traced = [f"algorithm.{t}" for t in cfg.algorithm.traceable]
     for k in ("seed", "out_dir", *traced):
@@ -122,7 +112,6 @@ def run_group(group: Group, sweep_dir: Path) -> list[dict]:
     """Train the group's jobs as one program and write each job's run directory. Returns each
     job's summary (its summary.json)."""
     from fedjax_semi import experiment
-    from fedjax_semi.results.run import simulate
     from fedjax_semi.tuned import finished_summary
 
     first = group.jobs[0].cfg
@@ -154,22 +143,7 @@ def run_group(group: Group, sweep_dir: Path) -> list[dict]:
     )
     runner = exp.runner(seeds=[j.cfg.seed for j in group.jobs], hparams=group.traced)
     try:
-        simulate(
-            exp.alg,
-            exp.fed,
-            rounds=first.rounds,
-            out_dir=out,
-            runner=runner,
-            dirs=[j.out_dir for j in group.jobs],
-            eval_every=first.eval_every,
-            eval_initial=first.eval_initial,
-            checkpoint_every=first.checkpoint_every,
-            resume=first.resume,
-            stop=first.stop,
-            progress=first.progress,
-            title=f"{first.algorithm.name} on {first.dataset.name} ({first.partition.scheme})",
-            writers=first.writers,
-        )
+        experiment.train(exp, out, runner, dirs=[j.out_dir for j in group.jobs])
     except Exception as e:  # noqa: BLE001 (XLA reports running out of memory as a runtime error)
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
