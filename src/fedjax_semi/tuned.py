@@ -150,8 +150,8 @@ def run_complete(summary: dict, rounds: int, same_stop: bool) -> bool:
 def finished_summary(cfg: Any, out_dir: str | Path) -> dict | None:
     """With ``resume=true``: the summary of the run in ``out_dir`` when it is complete for
     ``cfg`` (a ``Config``), else None (train or resume as usual). A directory started with
-    settings that change results is a ConfigError (experiment.check_resume)."""
-    from fedjax_semi.experiment import RUN_CONFIG, check_resume, config_json
+    settings that change results is a ConfigError (run_config.check_resume)."""
+    from fedjax_semi.run_config import RUN_CONFIG, check_resume, config_json
 
     out = Path(out_dir)
     if not cfg.resume or not (out / RUN_CONFIG).exists():

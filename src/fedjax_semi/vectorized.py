@@ -74,7 +74,7 @@ def check_job(cfg: Config) -> None:
 def group_key(cfg: Config) -> str:
     """Every setting but the seed and the traced keys, with the data seed made explicit: jobs
     with equal keys can share one program (the same shapes, data and static switches)."""
-    from fedjax_semi.experiment import config_json, data_seed, flat_keys
+    from fedjax_semi.run_config import config_json, data_seed, flat_keys
 
     flat = flat_keys(config_json(cfg))
     flat["data_seed"] = data_seed(cfg)
@@ -125,10 +125,7 @@ def run_group(group: Group, sweep_dir: Path) -> list[dict]:
         experiment.check_resume(job.cfg, job.out_dir)
     for job in group.jobs:
         job.out_dir.mkdir(parents=True, exist_ok=True)
-        experiment.write_run_config(job.cfg, job.out_dir)
-        (job.out_dir / "counts.json").write_text(
-            json.dumps({k: v.tolist() for k, v in exp.partition.counts().items()})
-        )
+        experiment.write_run_files(exp, job.cfg, job.out_dir)
     (out / "group.json").write_text(
         json.dumps(
             {
@@ -153,13 +150,13 @@ def run_group(group: Group, sweep_dir: Path) -> list[dict]:
             "hardware.replica_chunk=1, one job at a time inside the program)"
         ) from None
     summaries = []
-    for job in group.jobs:
+    for r, job in enumerate(group.jobs):
         path = job.out_dir / "summary.json"
         summary = json.loads(path.read_text())
         summary["vectorized"] = {
             "group": str(out),
             "jobs": len(group.jobs),
-            "traced": {k: v[group.jobs.index(job)] for k, v in group.traced.items()},
+            "traced": {k: v[r] for k, v in group.traced.items()},
         }
         path.write_text(json.dumps(summary, indent=2))
         summaries.append(summary)
