@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from fedjax_semi.models import (
@@ -505,3 +506,51 @@ def test_text_vmap_over_clients_matches_per_client() -> None:
     assert not np.allclose(eval_logits[0], eval_logits[1])
     # Dropout is active in training.
     assert not np.allclose(train_logits, eval_logits)
+
+
+def _blob_images(n: int, seed: int) -> np.ndarray:
+    """Fashion-MNIST-like uint8 images: a zero background and one bright rectangle each."""
+    rng = np.random.default_rng(seed)
+    x = np.zeros((n, *SHAPE), np.uint8)
+    for i in range(n):
+        a, b = rng.integers(2, 12, 2)
+        h, w = rng.integers(8, 16, 2)
+        x[i, a : a + h, b : b + w, 0] = rng.integers(100, 256)
+    return x
+
+
+def test_resnet9_output_scale_is_the_myrtle_models_and_keeps_the_first_loss_near_log_k() -> None:
+    x = _blob_images(64, 0)
+    y = jnp.asarray(np.random.default_rng(1).integers(0, 10, len(x)))
+    plain = make_model("resnet9", SHAPE, 10, width=0.125, mean=(72.9,), std=(90.0,))
+    myrtle = make_model(
+        "resnet9", SHAPE, 10, width=0.125, mean=(72.9,), std=(90.0,), output_scale=0.125
+    )
+    train_logits = {
+        name: jax.jit(lambda v, m=m: m.apply(v, x, train=True)[0])
+        for name, m in (("plain", plain), ("myrtle", myrtle))
+    }
+    losses = {}
+    for name, m in (("plain", plain), ("myrtle", myrtle)):
+        per_init = []
+        for k in range(3):
+            v = m.init(jax.random.key(k))
+            logits = train_logits[name](v)
+            per_init.append(
+                float(optax.softmax_cross_entropy_with_integer_labels(logits, y).mean())
+            )
+            if name == "myrtle":  # the same parameters, logits x 0.125 (atol: logits near 0)
+                ref = train_logits["plain"](v)
+                np.testing.assert_allclose(logits, 0.125 * np.asarray(ref), rtol=1e-5, atol=1e-6)
+        losses[name] = per_init
+    # log(10) = 2.303: the scaled model starts there; the plain one starts 0.7-3.6 nats above
+    # on images with a background (measured on Fashion-MNIST too: 3.0-6.5 nats).
+    assert max(abs(v - np.log(10)) for v in losses["myrtle"]) < 0.15, losses
+    assert min(losses["plain"]) > np.log(10) + 0.5, losses
+
+
+def test_output_scale_of_another_model_is_one_line() -> None:
+    with pytest.raises(ValueError, match=r"model.output_scale=0.5.*1.0 unless model resnet9"):
+        make_model("mlp", SHAPE, 10, output_scale=0.5)
+    with pytest.raises(ValueError, match=r"model.output_scale=0.0.*> 0"):
+        make_model("resnet9", SHAPE, 10, width=0.0625, output_scale=0.0)

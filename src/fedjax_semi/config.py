@@ -152,6 +152,7 @@ class ModelConfig:
     embed_dim: int = 64  # text models: embedding width
     conv_kernel: int = 5  # cnn: square kernel size (DoFed-SPP's net: 3)
     dense: int = 512  # cnn: dense layer width (DoFed-SPP's net: 128)
+    output_scale: float = 1.0  # resnet9: logits x this (the Myrtle ResNet-9's 0.125)
 
 
 @dataclass

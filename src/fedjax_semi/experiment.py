@@ -334,6 +334,7 @@ def build(cfg: Config, dataset: ArrayDataset | None = None) -> Experiment:
         embed_dim=m.embed_dim,
         conv_kernel=m.conv_kernel,
         dense=m.dense,
+        output_scale=m.output_scale,
         vocab_size=ds.vocab_size,
         input_kind=ds.kind,
     )

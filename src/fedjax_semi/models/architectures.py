@@ -162,6 +162,9 @@ class ResNet9(nn.Module):
     dropout: float = 0.0
     conv_impl: str = "im2col"
     norm: str = "batch"
+    # The Myrtle/DAWNBench ResNet-9 multiplies its logits by 0.125 (its final Mul layer), which
+    # keeps the initial loss near log(num_classes); 1.0 leaves the logits as the head gives them.
+    output_scale: float = 1.0
 
     def setup(self) -> None:
         def block(c: int) -> ConvBN:
@@ -206,7 +209,7 @@ class ResNet9(nn.Module):
         m = None if mask is None else mask.reshape(-1, 1, 1, 1)
         r = nn.relu(self.drop_a(a, active))
         r = nn.relu(self.drop_b(self.res2b(r, train, m), active))
-        return self.head(global_max_pool(skip + r))
+        return self.output_scale * self.head(global_max_pool(skip + r))
 
     def __call__(
         self, x: Array, train: bool = False, mc: bool = False, mask: Array | None = None

@@ -162,9 +162,16 @@ def _build_simple_cnn(
 
 
 def _build_resnet9(
-    num_classes: int, *, width: float, dropout: float, conv_impl: str, norm: str, **_: Any
+    num_classes: int,
+    *,
+    width: float,
+    dropout: float,
+    conv_impl: str,
+    norm: str,
+    output_scale: float,
+    **_: Any,
 ) -> nn.Module:
-    return ResNet9(num_classes, width, dropout, conv_impl, norm)
+    return ResNet9(num_classes, width, dropout, conv_impl, norm, output_scale)
 
 
 def _build_vgg9(
@@ -255,6 +262,7 @@ def make_model(
     input_kind: str | None = None,
     conv_kernel: int = 5,
     dense: int = 512,
+    output_scale: float = 1.0,
 ) -> Model:
     """Build a registered model.
 
@@ -275,6 +283,8 @@ def make_model(
         input_kind: the dataset's ``kind`` (one of :data:`INPUT_KINDS`); ``None`` infers
             ``"tokens"`` for :data:`TOKEN_MODELS` and ``"image"`` for the others.
         conv_kernel, dense: the CNN's square kernel size and dense width (before scaling).
+        output_scale: resnet9's logit multiplier (the Myrtle ResNet-9's 0.125); 1.0 for the
+            others.
 
     Raises:
         ValueError: naming the offending config key (``model.name``, ``model.width``,
@@ -314,6 +324,8 @@ def make_model(
         raise _invalid("model.conv", conv_impl, ", ".join(CONV_IMPLS))
     if norm not in NORMS:
         raise _invalid("model.norm", norm, ", ".join(NORMS))
+    if not (output_scale > 0 and (output_scale == 1.0 or name == "resnet9")):
+        raise _invalid("model.output_scale", output_scale, "> 0, and 1.0 unless model resnet9")
     if conv_kernel < 1 or dense < 1:
         raise _invalid("model.conv_kernel / model.dense", (conv_kernel, dense), ">= 1 each")
     input_shape = tuple(int(d) for d in input_shape)
@@ -334,6 +346,7 @@ def make_model(
         vocab_size=vocab_size,
         conv_kernel=conv_kernel,
         dense=dense,
+        output_scale=output_scale,
     )
     return Model(
         name=name,
