@@ -100,6 +100,15 @@ def test_dofed_schemes_hold_out_target_rows(scheme):
         assert target[all_labels(SYN_BIG)[p.clients["test"][k]]].all()
 
 
+def test_ada_scheme_holds_out_client_rows_and_keeps_the_server_sets():
+    base, p = _pair(SYN_BIG, 0.2, scheme="ada", num_clients=10, **SCHEME_KNOBS["ada"])
+    check_holdout_partition(base, p, SYN_BIG, 0.2)
+    # The pool and D_V (rewards, stop rule) are the algorithm's own server sets: unchanged.
+    for key in ("server_unlabeled", "server_val"):
+        np.testing.assert_array_equal(p.server[key], base.server[key])
+        assert len(p.server[key]) > 0
+
+
 def test_rows_other_clients_hold_are_never_held_out():
     """DoFed-SPP's overlap=allow shares rows once a class runs out: a shared row stays in
     training (another client trains on it), so no validation row is trained on."""
@@ -149,7 +158,6 @@ def test_small_roles_keep_their_last_row():
         (dict(holdout=0.6), "partition.holdout=0.6 is invalid; must be a share in [0, 0.5]"),
         (dict(holdout=-0.1), "partition.holdout=-0.1 is invalid"),
         (dict(holdout=0.2, scheme="cofed"), "scheme 'cofed' has no validation split"),
-        (dict(holdout=0.2, scheme="ada"), "scheme 'ada' has no validation split"),
         (dict(holdout=0.2, scheme="cfsl"), "scheme 'cfsl' has no validation split"),
         (dict(holdout=0.2, val_fraction=0.1), "partition.val_fraction=0.1 and split=official"),
     ],

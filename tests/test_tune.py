@@ -119,6 +119,20 @@ def test_a_diverged_point_is_never_chosen_and_last_k_reads_the_curve(conf, tmp_p
     }
 
 
+def test_a_cost_is_minimised_like_a_loss(conf, tmp_path, capsys):
+    # Ada-FedSemi's tables rank by cum_cost (Eq. 10 spent until the target): lower is better.
+    fake_sweep(tmp_path)
+    for (alg, lr), v in VALUES.items():
+        path = tmp_path / "sweep" / f"{alg}-{lr}" / "summary.json"
+        s = json.loads(path.read_text())
+        s["final"]["cum_cost"] = 10 * v
+        path.write_text(json.dumps(s))
+    tune(conf, tmp_path, "--grid", "algorithm.lr=0.03,0.3", "--metric", "cum_cost")
+    out = capsys.readouterr().out
+    assert "| algorithm=fedavg | **[5.0000]** | 7.0000 |" in out
+    assert "| algorithm=local | **[6.0000]** | 6.0000 |" in out  # a tie: the smaller lr
+
+
 def test_a_missing_trial_is_the_only_one_to_run(conf, tmp_path, capsys):
     fake_sweep(tmp_path)
     (tmp_path / "sweep" / "local-0.3" / "summary.json").unlink()

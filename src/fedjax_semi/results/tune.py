@@ -35,8 +35,9 @@ from fedjax_semi.tuned import run_complete
 __all__ = ["DEFAULT_LR_GRID", "SENSITIVE_KNOBS", "main"]
 
 DEFAULT_LR_GRID = ("0.003", "0.01", "0.03", "0.1")
-LAUNCHERS = ("basic", "joblib", "submitit_local", "submitit_slurm")
+LAUNCHERS = ("basic", "joblib", "vectorized", "submitit_local", "submitit_slurm")
 _ABSENT = object()
+MINIMIZED_SUFFIXES = ("loss", "cost")
 
 
 def _each(key: str, *values: Any) -> tuple[dict[str, Any], ...]:
@@ -401,7 +402,8 @@ def main(argv: list[str] | None = None) -> None:
         results = collect(plan, scan(plan), metric, flags["last_k"])
     except ValueError as e:
         _fail(str(e))
-    choices = select(plan, results, minimize=metric.endswith("loss"))
+    # Losses and costs (Ada-FedSemi's cum_cost, Eq. 10) are minimised, everything else maximised.
+    choices = select(plan, results, minimize=metric.endswith(MINIMIZED_SUFFIXES))
     conf_out = Path(args.conf_out) if args.conf_out else CONF_DIR / "tuned"
     command = shlex.join(["fedjax-semi-tune", *(sys.argv[1:] if argv is None else argv)])
     sys.exit(write_outputs(plan, results, choices, conf_out, metric, flags["last_k"], command))

@@ -1,0 +1,79 @@
+"""The arm table of Ada-FedSemi's bandits (results/ada_arms.py) on run directories written in
+the real layout (test_ada_table.write_run), against counts made by hand."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import examples
+from fedjax_semi.results import ada_arms
+from test_ada_table import fixed, write_run
+
+
+def _streak_reference(values: list[float]) -> int:
+    """Longest run of equal neighbours, from the positions where the value changes."""
+    if not values:
+        return 0
+    change = np.flatnonzero(np.diff(np.asarray(values)) != 0)
+    edges = np.concatenate([[-1], change, [len(values) - 1]])
+    return int(np.diff(edges).max())
+
+
+@settings(max_examples=examples(50), deadline=None)
+@given(st.lists(st.sampled_from([0.1, 0.2, 0.5]), max_size=30))
+def test_longest_streak_and_shares_match_a_reference(values):
+    assert ada_arms.longest_streak(values) == _streak_reference(values)
+    if values:
+        shares = ada_arms.arm_shares(values)
+        for a, s in shares.items():
+            assert s == pytest.approx(np.mean(np.isclose(values, a)))
+        assert sum(shares.values()) == pytest.approx(1.0)
+
+
+def _set_arms(run_dir, p: list[float], c: list[float]) -> None:
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row, pv, cv in zip(rows, p, c, strict=True):
+        row["P"], row["C"] = pv, cv
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_arm_table_counts_rounds_until_done(tmp_path):
+    ada = {"name": "ada_fedsemi", "adaptive_p": True, "adaptive_c": True}
+    acc = [0.5, 0.6, 0.7, 0.8, 0.8, 0.8]
+    # Seed 0 ends at round 4 (its rows 5-6 repeat a frozen state and must not count).
+    write_run(tmp_path / "ada", 0, ada, acc, 1.0, 0.1, ["+experiment=x"], done_at=4)
+    _set_arms(
+        tmp_path / "ada" / "seed_0", [0.2, 0.2, 0.5, 0.2, 0.9, 0.9], [0.9, 1.0, 1.0, 0.9, 0, 0]
+    )
+    write_run(tmp_path / "ada", 1, ada, acc, 1.0, 0.1, ["+experiment=x"])
+    _set_arms(tmp_path / "ada" / "seed_1", [0.5] * 6, [0.82] * 6)
+    fedavg = fixed(0.5, 1.0)
+    write_run(
+        tmp_path / "fedavg", 0, fedavg, acc, 1.0, 0.1, ["+experiment=x", "algorithm=fedavg_p"]
+    )
+
+    text = ada_arms.arms(tmp_path)
+    assert (tmp_path / "ada_arms.md").read_text() == text
+    assert (tmp_path / "ada_arms.png").stat().st_size > 0
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()[2:]}
+    # Ada: 4 + 6 rounds; P 0.2 in 3 of 10, 0.5 in 7 of 10; C 0.82 in 6, 0.9 in 2, 1.0 in 2.
+    cells = rows["Ada-FedSemi"].split(" | ")
+    assert cells[1:4] == ["2", "5.0", "0.2: 30%, 0.5: 70%"]
+    assert cells[4] == "0.82: 60%, 0.9: 20%, 1: 20%"
+    assert cells[5] == "1.5"  # 2 distinct P arms (seed 0), 1 (seed 1)
+    assert cells[6].rstrip(" |") == "4.0"  # streaks 2 (seed 0) and 6 (seed 1)
+    assert rows["FedAvg-0.5"].split(" | ")[3] == "0.5: 100%"
+
+
+def test_not_a_directory_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        ada_arms.main([str(tmp_path / "missing")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sweep_dir=" in err[0] and "an existing directory" in err[0]
