@@ -13,6 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+import yaml
 
 import test_golden
 from conftest import SMALL, compose_config
@@ -88,6 +89,7 @@ def test_bad_vectorized_settings_are_one_line():
 def test_a_group_out_of_memory_names_its_size_and_the_setting(tmp_path, monkeypatch):
     """XLA reports running out of device memory as a runtime error; the launcher's line names
     the group's size and the max_group that halves it."""
+
     def oom(*args, **kw):
         raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 12 GiB")
 
@@ -187,6 +189,30 @@ def test_vectorized_launcher_sweep_equals_the_jobs_run_one_by_one(tmp_path):
         for x, y in zip(rv, rb, strict=True):
             for k in ("train_loss", "accuracy", "personal_acc"):
                 np.testing.assert_allclose(x[k], y[k], **TOL)
+
+
+@pytest.mark.slow
+def test_optuna_trials_run_as_one_program_per_batch(tmp_path):
+    """Optuna's sweeper hands the launcher n_jobs trials at a time: each batch is one program
+    (lr and pl_threshold traced), and the study reads each trial's objective back."""
+    r = subprocess.run(
+        [sys.executable, "-m", "fedjax_semi.cli", "-m", "+experiment=tune_fedavg_pl",
+         "hydra/launcher=vectorized", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2",
+         *(o for o in SMALL if not o.startswith(("algorithm.lr=", "rounds="))), "rounds=2",
+         "data_seed=0", f"hardware.compile_cache={tmp_path / 'xla'}",
+         f"hydra.sweep.dir={tmp_path / 'study'}"],
+        capture_output=True, text=True, timeout=400, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert out.count("2 jobs in 1 program(s): 2 jobs, traced ['lr', 'pl_threshold']") == 2
+    finals = []
+    for i in range(4):
+        summary = json.loads((tmp_path / "study" / str(i) / "summary.json").read_text())
+        assert summary["vectorized"]["jobs"] == 2
+        finals.append(summary["final"]["accuracy"])
+    best = yaml.safe_load((tmp_path / "study" / "optimization_results.yaml").read_text())
+    assert best["best_value"] == pytest.approx(max(finals))
 
 
 # Every method family of the golden runs, and the two methods added after them.
