@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 import test_golden
-from conftest import SMALL, compose_config
+from conftest import CONF_DIR, SMALL, compose_config
 from fedjax_semi import experiment, vectorized
 from fedjax_semi.config import ConfigError
 from fedjax_semi.engine.simulate import Runner
@@ -130,6 +130,39 @@ def test_a_group_resumed_from_its_checkpoint_ends_identical(tmp_path):
     # resume=true on a finished group returns its results without training
     again = vectorized.run_group(group(tmp_path / "b", 4, True), tmp_path / "b")
     assert [s["final"] for s in again] == [s["final"] for s in summaries]
+
+
+def test_a_value_sweep_composes_as_hydra_composes_each_job():
+    """The launcher's JobComposer: a job that differs from an earlier one only in values gets
+    the config Hydra's load_sweep_config gives it; a config-group change is composed by Hydra."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.fedjax_semi_vectorized.compose import JobComposer
+
+    compose_config()  # registers the schemas, as the CLI does
+    base = [o for o in SMALL if not o.startswith("algorithm.lr=")]
+    jobs = [
+        [*base, "algorithm=fedavg_pl", f"algorithm.lr={lr}", f"algorithm.pl_threshold={t}",
+         f"seed={s}"]
+        for lr in ("0.05", "0.2") for t in ("0.5", "0.9") for s in ("0", "1")
+    ]  # fmt: skip
+    jobs.insert(3, [*base, "algorithm=fedavg", "algorithm.lr=0.05", "seed=0"])  # a group change
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        master = loader.load_configuration(
+            "config", ["hydra.job.config.override_dirname.exclude_keys=[seed]"], RunMode.MULTIRUN
+        )
+        composer = JobComposer(loader, master)
+        for overrides in jobs:
+            fast = composer.compose(overrides)
+            hydra_own = loader.load_sweep_config(master, overrides)
+            assert OmegaConf.to_container(fast) == OmegaConf.to_container(hydra_own), overrides
+            assert OmegaConf.is_struct(fast) and not OmegaConf.is_readonly(fast.hydra)
+            assert fast.algorithm.lr == float(overrides[len(base) + 1].split("=")[1])
+    assert composer.fast == len(jobs) - 2  # the first job and the group change: composed anew
 
 
 def strip(rows: list[dict]) -> list[dict]:

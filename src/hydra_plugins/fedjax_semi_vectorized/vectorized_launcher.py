@@ -24,6 +24,8 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
+from hydra_plugins.fedjax_semi_vectorized.compose import JobComposer
+
 log = logging.getLogger(__name__)
 
 
@@ -68,12 +70,12 @@ class VectorizedLauncher(Launcher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.info(f"Composing {len(job_overrides)} jobs for one program per group")
         returns: list[JobReturn] = []
+        # Jobs that differ from an earlier one only in values reuse its composition.
+        composer = JobComposer(self.hydra_context.config_loader, self.config)
         for i, overrides in enumerate(job_overrides):
             idx = initial_job_idx + i
             log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-            job_config = self.hydra_context.config_loader.load_sweep_config(
-                self.config, list(overrides)
-            )
+            job_config = composer.compose(overrides)
             with open_dict(job_config):
                 job_config.hydra.job.id = idx
                 job_config.hydra.job.num = idx
@@ -89,6 +91,10 @@ class VectorizedLauncher(Launcher):
                 )
             )
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        log.info(
+            f"{composer.fast} of {len(job_overrides)} jobs composed from an earlier job's config "
+            "(they differ from it only in values)"
+        )
         for ret in returns:  # every job checked before any trains: one line for the first bad one
             if ret.status != JobStatus.COMPLETED:
                 err = ret._return_value
