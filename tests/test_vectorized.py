@@ -225,6 +225,42 @@ def test_vectorized_launcher_sweep_equals_the_jobs_run_one_by_one(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_killed_vectorized_group_resumes_to_the_same_metrics(tmp_path):
+    """SIGKILL the process of a 2-job group after its round-10 checkpoint, rerun the sweep
+    with resume=true, and compare with the sweep run at once (both through the CLI)."""
+    import os
+    import signal
+    import time
+
+    def cmd(sweep: Path, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "fedjax_semi.cli", "-m", "hydra/launcher=vectorized",
+                *SMALL, "algorithm=fedavg", f"algorithm.lr={LRS[0]},{LRS[1]}", "seed=0",
+                "data_seed=0", "rounds=30", "checkpoint_every=10",
+                f"hardware.compile_cache={tmp_path / 'xla'}", f"hydra.sweep.dir={sweep}",
+                *extra]  # fmt: skip
+
+    killed, full = tmp_path / "killed", tmp_path / "full"
+    proc = subprocess.Popen(cmd(killed), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = killed / "1" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) >= 13:  # checkpoint 10 written
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the sweep finished before it could be killed"
+    assert 13 <= len(log.read_text().splitlines()) < 30
+    for sweep, extra in ((killed, ["resume=true"]), (full, [])):
+        r = subprocess.run(cmd(sweep, *extra), capture_output=True, text=True, timeout=400)
+        assert r.returncode == 0, r.stderr[-3000:]
+    for i in range(2):
+        resumed = strip(test_golden._rows(killed / str(i)))
+        assert [x["round"] for x in resumed] == list(range(1, 31))
+        assert resumed == strip(test_golden._rows(full / str(i)))
+
+
+@pytest.mark.slow
 def test_optuna_trials_run_as_one_program_per_batch(tmp_path):
     """Optuna's sweeper hands the launcher n_jobs trials at a time: each batch is one program
     (lr and pl_threshold traced), and the study reads each trial's objective back."""
