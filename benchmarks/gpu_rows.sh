@@ -5,7 +5,10 @@
 #             same GPU, one process per workload;
 #   scan      the cohort scan of W1 (10 ... 1000 clients a round): chunk=1 against chunk=all;
 #   replicas  seeds 0-3 as one program (replica_chunk=1 and all) against the four seeds one
-#             after another, for W3, W1 and W0 at client chunk=all and 1.
+#             after another, for W3, W1 and W0 at client chunk=all and 1;
+#   sweeps    4 lr x 3 seeds of W3 (30 rounds) through hydra/launcher=vectorized, the basic
+#             launcher and joblib (benchmarks/sweeps.py, issue 38's >= 5x target), JSON lines to
+#             $OUT/sweeps_gpu.jsonl (not part of the default STAGES: it runs the CLI, ~3 minutes).
 # JSON lines (device and versions in each) go to $OUT/throughput_gpu.jsonl, each workload's
 # Markdown table to $OUT/<workload>.md.
 #
@@ -25,8 +28,8 @@ per=${PER:-200}
 stages=${STAGES:-rows scan replicas}
 workloads=${WORKLOADS:-W0 W4 W1 W2 W3}
 for stage in $stages; do
-  case $stage in rows|scan|replicas) ;;
-    *) echo "gpu_rows.sh: STAGES has '$stage'; allowed: rows, scan, replicas" >&2; exit 2 ;;
+  case $stage in rows|scan|replicas|sweeps) ;;
+    *) echo "gpu_rows.sh: STAGES has '$stage'; allowed: rows, scan, replicas, sweeps" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out"
@@ -55,6 +58,10 @@ for stage in $stages; do
           --replica-chunks 1,all --repeats 5 --out "$out/throughput_gpu.jsonl" \
           || echo "# $w replicas: did not finish in ${per}s (exit $?)"
       done ;;
+    sweeps)
+      timeout "$per" python3 sweeps.py --workloads W3 --rounds W3=30 \
+        --launchers vectorized,basic,joblib --hardware gpu --out "$out/sweeps_gpu.jsonl" \
+        || echo "# W3 sweeps: did not finish in ${per}s (exit $?)" ;;
   esac
 done
 cat "$out"/*.md 2>/dev/null

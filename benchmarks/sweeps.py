@@ -3,7 +3,7 @@ and the persistent compilation cache, side by side in one run.
 
     python benchmarks/sweeps.py [--workloads W3,default] [--lrs 0.02,0.05,0.1,0.2]
         [--seeds 0,1,2] [--rounds default=3,W3=10] [--launchers vectorized,basic,joblib]
-        [--passes 1] [--cache]
+        [--passes 1] [--cache] [--hardware gpu]
 
 Each sweep is `fedjax-semi -m` of len(lrs) x len(seeds) jobs (data_seed=0: the seeds share the
 data, so the vectorized launcher runs them as one program) on real Fashion-MNIST, each launcher
@@ -41,7 +41,9 @@ def sweep(
     workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / "sweep"
     cmd = [
-        str(Path(sys.executable).parent / "fedjax-semi"),
+        sys.executable,  # the CLI as a module: works with PYTHONPATH=src as with the install
+        "-m",
+        "fedjax_semi.cli",
         "-m",
         f"hydra/launcher={launcher}",
         *overrides,
@@ -72,6 +74,9 @@ def main() -> None:
     ap.add_argument("--launchers", default="vectorized,basic,joblib")
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--cache", action="store_true", help="also the compilation-cache rows")
+    ap.add_argument(
+        "--hardware", default=None, help="hardware= of every sweep (gpu on a GPU machine)"
+    )
     ap.add_argument("--out", default=str(RESULTS / "sweeps.jsonl"))
     args = ap.parse_args()
     out = Path(args.out)
@@ -85,6 +90,7 @@ def main() -> None:
             f"algorithm.lr={args.lrs}",
             f"seed={args.seeds}",
             "data_seed=0",
+            *([f"hardware={args.hardware}"] if args.hardware else []),
         ]
         jobs = len(args.lrs.split(",")) * len(args.seeds.split(","))
         walls: dict[str, list[float]] = {k: [] for k in launchers}

@@ -77,3 +77,17 @@ def test_not_a_directory_is_one_line(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "sweep_dir=" in err[0] and "an existing directory" in err[0]
+
+
+def test_methods_of_one_name_are_told_apart_by_the_knobs_that_differ():
+    ada = {"name": "ada_fedsemi", "adaptive_p": True, "adaptive_c": True, "psi": 1.0}
+    configs = [
+        {"algorithm": {**ada, "q0": 0.0}},
+        {"algorithm": {**ada, "q0": 300.0}},
+        {"algorithm": fixed(0.5, 1.0)},
+    ]
+    assert ada_arms.method_names(configs) == [
+        "Ada-FedSemi (q0=0)",
+        "Ada-FedSemi (q0=300)",
+        "FedAvg-0.5",
+    ]

@@ -53,6 +53,22 @@ def method_arms(runs: list[dict]) -> dict:
     }
 
 
+def method_names(configs: list[dict]) -> list[str]:
+    """Each run group's method name; groups of one method are told apart by the algorithm
+    knobs whose values differ between them (e.g. "Ada-FedSemi (psi=1, q0=300)")."""
+    names = [method_name(c) for c in configs]
+    out = []
+    for n, c in zip(names, configs, strict=True):
+        same = [d.get("algorithm", {}) for m, d in zip(names, configs, strict=True) if m == n]
+        if len(same) > 1:
+            alg = c.get("algorithm", {})
+            keys = sorted(k for k in alg if len({repr(a.get(k)) for a in same}) > 1)
+            n += " (" + ", ".join(f"{k}={alg[k]:g}" if isinstance(alg[k], float) else
+                                  f"{k}={alg[k]}" for k in keys) + ")"  # fmt: skip
+        out.append(n)
+    return out
+
+
 def _shares_md(shares: dict[float, float]) -> str:
     return ", ".join(f"{a:g}: {100 * s:.0f}%" for a, s in shares.items())
 
@@ -60,10 +76,8 @@ def _shares_md(shares: dict[float, float]) -> str:
 def arms(root: Path, plot: bool = True) -> str:
     """The arm table as Markdown (root/ada_arms.md) and its bars (root/ada_arms.png)."""
     groups = _groups(root)
-    names, table = [], []
-    for _, runs in groups:
-        names.append(method_name(runs[0]["config"]))
-        table.append(method_arms(runs))
+    names = method_names([runs[0]["config"] for _, runs in groups])
+    table = [method_arms(runs) for _, runs in groups]
     lines = [
         "| method | seeds | rounds (mean) | P played (share of rounds) | C played | distinct P "
         "arms per seed | longest same-P streak |",
