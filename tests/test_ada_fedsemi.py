@@ -184,7 +184,8 @@ def test_hidden_pool_labels_change_only_the_pseudo_label_accuracy(fixed):
     assert acc is not None and acc != bad  # the only number that reads them
 
 
-@pytest.mark.parametrize("budget", ["time", "traffic"])
+# The traffic budget (the same stop path as time) in make test-slow: fast-suite time.
+@pytest.mark.parametrize("budget", ["time", pytest.param("traffic", marks=pytest.mark.slow)])
 def test_spent_budget_stops_the_run_in_the_loop(tmp_path, budget):
     """Acceptance 17 through the run loop: the run stops after the first round whose
     cumulative simulated time (31 s a round) or traffic (4 x 2 x 0.1 GB a round) reaches the

@@ -96,6 +96,9 @@ def test_bad_value_fails_with_one_clear_message(overrides, needles, tmp_path, ca
     check_one_clear_message(captured.err + captured.out, needles, tmp_path)
 
 
+# make test-slow: the CLI's multirun runs fast through the vectorized launcher
+# (test_vectorized.py); this one adds Hydra's joblib plugin and two processes.
+@pytest.mark.slow
 def test_joblib_multirun_sweep_and_report(tmp_path, capsys):
     """Two jobs through Hydra's joblib launcher, in parallel; the report reads its sweep
     directory like any other."""

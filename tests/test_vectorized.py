@@ -102,6 +102,7 @@ def test_a_group_out_of_memory_names_its_size_and_the_setting(tmp_path, monkeypa
         vectorized.run_group(group, tmp_path)
 
 
+@pytest.mark.slow  # with the SIGKILL of a group through the CLI: fast-suite time
 def test_a_group_resumed_from_its_checkpoint_ends_identical(tmp_path):
     """Two rounds, then resume=true to four, against four at once: every job's metrics.jsonl."""
 
