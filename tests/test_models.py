@@ -533,12 +533,12 @@ def test_resnet9_output_scale_is_the_myrtle_models_and_keeps_the_first_loss_near
 
     losses = {"plain": [], "myrtle": []}
     for k in range(3):
-        ref, logits = both(init(jax.random.key(k)))
+        ref, logits = both(init(jax.random.key(k, impl="rbg")))  # rbg: threefry compiles slowly
         # The same parameters, logits x 0.125 (atol: logits near 0).
         np.testing.assert_allclose(logits, 0.125 * np.asarray(ref), rtol=1e-5, atol=1e-6)
         for name, z in (("plain", ref), ("myrtle", logits)):
             losses[name].append(float(optax.softmax_cross_entropy_with_integer_labels(z, y).mean()))
-    # log(10) = 2.303: the scaled model starts there; the plain one starts 1.7-2.6 nats above
+    # log(10) = 2.303: the scaled model starts there (2.31-2.38); the plain one 1.5-4.1 nats above
     # on images with a background (on Fashion-MNIST at width 1/8: 3.0-6.5 nats).
     assert max(abs(v - np.log(10)) for v in losses["myrtle"]) < 0.15, losses
     assert min(losses["plain"]) > np.log(10) + 0.5, losses
