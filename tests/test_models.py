@@ -539,7 +539,7 @@ def test_resnet9_output_scale_is_the_myrtle_models_and_keeps_the_first_loss_near
         for name, z in (("plain", ref), ("myrtle", logits)):
             losses[name].append(float(optax.softmax_cross_entropy_with_integer_labels(z, y).mean()))
     # log(10) = 2.303: the scaled model starts there (2.31-2.38); the plain one 1.5-4.1 nats above
-    # on images with a background (on Fashion-MNIST at width 1/8: 3.0-6.5 nats).
+    # on images with a background.
     assert max(abs(v - np.log(10)) for v in losses["myrtle"]) < 0.15, losses
     assert min(losses["plain"]) > np.log(10) + 0.5, losses
 

@@ -32,7 +32,7 @@ def _plain_value(o: Override) -> bool:
     """``key=scalar``: a change of one element, no package, no sweep, no interpolation."""
     if o.type != OverrideType.CHANGE or o.package is not None:
         return False
-    if o.value_type != ValueType.ELEMENT or o.key_or_group.startswith("hydra"):
+    if o.value_type != ValueType.ELEMENT:
         return False
     value = o.value()
     return isinstance(value, _SCALARS) and not (isinstance(value, str) and "${" in value)
@@ -81,13 +81,13 @@ class JobComposer:
 
     def compose(self, overrides: Sequence[str]) -> DictConfig:
         parsed = _parse(overrides)
-        cfg = None
-        if all(not o.key_or_group.startswith("hydra") for o in parsed):
-            cfg = self._from_template(parsed)
+        # A hydra.* override changes Hydra's own config: always composed by Hydra.
+        task_only = not any(o.key_or_group.startswith("hydra") for o in parsed)
+        cfg = self._from_template(parsed) if task_only else None
         if cfg is not None:
             self.fast += 1
             return cfg
         cfg = self.loader.load_sweep_config(self.master, list(overrides))
-        if all(not o.key_or_group.startswith("hydra") for o in parsed):
+        if task_only:
             self.templates.append((parsed, copy.deepcopy(cfg)))
         return cfg
