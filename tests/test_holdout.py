@@ -109,6 +109,18 @@ def test_ada_scheme_holds_out_client_rows_and_keeps_the_server_sets():
         assert len(p.server[key]) > 0
 
 
+@pytest.mark.parametrize("scheme", ["cofed", "cfsl"])
+def test_cofed_and_cfsl_hold_out_client_rows(scheme):
+    base, p = _pair(SYN_BIG, 0.2, scheme=scheme, num_clients=10, **SCHEME_KNOBS[scheme])
+    check_holdout_partition(base, p, SYN_BIG, 0.2)
+    # The assignments (CoFED's label spaces, CFSL's edges and clusters) and CoFED's public set
+    # are the scheme's own draws: unchanged.
+    for key, value in base.assignments.items():
+        np.testing.assert_array_equal(p.assignments[key], value)
+    for key in set(base.server) - {"test_global"}:
+        np.testing.assert_array_equal(p.server[key], base.server[key])
+
+
 def test_rows_other_clients_hold_are_never_held_out():
     """DoFed-SPP's overlap=allow shares rows once a class runs out: a shared row stays in
     training (another client trains on it), so no validation row is trained on."""
@@ -157,8 +169,6 @@ def test_small_roles_keep_their_last_row():
     [
         (dict(holdout=0.6), "partition.holdout=0.6 is invalid; must be a share in [0, 0.5]"),
         (dict(holdout=-0.1), "partition.holdout=-0.1 is invalid"),
-        (dict(holdout=0.2, scheme="cofed"), "scheme 'cofed' has no validation split"),
-        (dict(holdout=0.2, scheme="cfsl"), "scheme 'cfsl' has no validation split"),
         (dict(holdout=0.2, val_fraction=0.1), "partition.val_fraction=0.1 and split=official"),
     ],
 )
@@ -168,12 +178,20 @@ def test_unsupported_holdout_is_one_line(kw, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+def test_every_scheme_has_holdout_roles_and_others_are_refused():
+    from fedjax_semi.data.partitions.holdout import check_holdout
+    from fedjax_semi.data.partitions.registry import BUILDERS
+
+    assert set(HOLDOUT_ROLES) == set(BUILDERS)
+    with pytest.raises(ValueError, match="scheme 'plugin' has no validation split"):
+        check_holdout("plugin", 0.2, "official", 0.0)
+
+
 def test_config_refuses_a_bad_holdout_before_loading_data():
     from fedjax_semi.config import validate
 
     for overrides, needle in [
         (["partition.holdout=0.7"], "partition.holdout=0.7"),
-        (["partition=cofed", "partition.holdout=0.2"], "scheme 'cofed' has no validation split"),
     ]:
         with pytest.raises(ConfigError, match="partition.holdout") as e:
             validate(compose_config(*overrides))

@@ -137,7 +137,7 @@ class PartitionConfig:
     # Validation split for tuning (fedjax-semi-tune): > 0 holds this share of every client's
     # training rows out, by class, and evaluates on them IN PLACE of the test split (the
     # client's `test` role, the server's `test_global`); the test split is then only listed as
-    # withheld. Schemes iid, dirichlet, shards, subset, normal; data/partitions/holdout.py.
+    # withheld. Every scheme; the roles per scheme: data/partitions/holdout.py.
     holdout: float = 0.0
 
 

@@ -73,9 +73,9 @@ def build_partition(
     and :mod:`.ada` say what each builds. Their group's knobs are added to ``meta`` under the
     group's name (``meta["cofed"]``).
 
-    ``holdout`` > 0 (iid, dirichlet, shards, subset, normal): a stratified share of every
-    client's training rows becomes its ``"test"`` role and their union ``"test_global"``,
-    IN PLACE of the test split (:mod:`.holdout`); ``meta["holdout"]`` records it.
+    ``holdout`` > 0 (every scheme): a stratified share of every client's training rows becomes
+    its ``"test"`` role and their union ``"test_global"``, IN PLACE of the test split
+    (:mod:`.holdout`); ``meta["holdout"]`` records it.
 
     Each stage draws from ``np.random.default_rng([seed, stage])`` so changing one stage's
     setting does not reshuffle the others.

@@ -38,6 +38,8 @@ _DOFED = (
 # Ada-FedSemi's clients hold only labeled rows; its server pool (unlabeled) and its validation set
 # D_V (the agents' rewards and stop rule, Eqs. 11, 14-16) are server sets and stay as they are.
 _ADA = (("labeled",), ("labeled",), ("labeled",))
+# CoFED's participants hold private labeled rows only (no unlabeled role rows; the public set is
+# the server's and stays). CFSL's workers hold labeled and unlabeled rows: the generic rule.
 HOLDOUT_ROLES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "iid": _GENERIC,
     "dirichlet": _GENERIC,
@@ -46,6 +48,8 @@ HOLDOUT_ROLES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]
     "subset": _DOFED,
     "normal": _DOFED,
     "ada": _ADA,
+    "cofed": _GENERIC,
+    "cfsl": _GENERIC,
 }
 
 
