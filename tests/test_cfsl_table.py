@@ -72,3 +72,41 @@ def test_empty_root_is_one_clear_line(tmp_path):
     with pytest.raises(SystemExit, match="holds no run"):
         cfsl_table.main([str(tmp_path)])
     assert cfsl_table._cell([float("nan")]) == "–"  # a metric no seed has
+
+
+@pytest.mark.parametrize(
+    "alg,label",
+    [
+        (dict(scenario="emstrr"), "emstrr"),
+        (dict(scenario="bmspgs", prediction_model="ensemble"), "emspgs"),
+        (dict(scenario="bmspgs", selection="random"), "bmspgs_random"),
+        (dict(scenario="bmspgs", prediction_time="none"), "cfl_gs"),
+        (dict(scenario="bmsprr", prediction_time="none"), "cfl_rr"),
+        (dict(scenario="bmspgs", clustering=False, selection="all"), "hfsl_sp"),
+        (dict(scenario="bmstgs", clustering=False, selection="all"), "hfsl_st"),
+    ],
+)
+def test_setting_of_names_a_run_by_its_algorithm_config(alg, label):
+    assert cfsl_table.setting_of(alg) == label
+
+
+def test_a_multirun_sweep_dir_is_read_by_run_config(tmp_path):
+    """Hydra's numbered job dirs: each run is named and seeded by its run_config.json."""
+    jobs = [(dict(scenario="bmspgs"), 0), (dict(scenario="bmspgs"), 1),
+            (dict(scenario="bmspgs", clustering=False, selection="all"), 0)]  # fmt: skip
+    for i, (alg, seed) in enumerate(jobs):
+        write_run(tmp_path / str(i), 0.5 + 0.1 * i, 100.0, 0.6)
+        rows = (tmp_path / str(i) / "metrics.jsonl").read_text().splitlines()
+        last = {**json.loads(rows[-1]), "num_clusters": 4 - 3 * (i == 2), "num_stopped": 1,
+                "selected": 190}  # fmt: skip
+        stop = {**json.loads(rows[6]), "num_stopped": 1}  # round 7: the first stopped cluster
+        rows = [*rows[:6], json.dumps(stop), *rows[7:-1], json.dumps(last)]
+        (tmp_path / str(i) / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+        cfg = {"seed": seed, "algorithm": {"clustering": True, **alg}}
+        (tmp_path / str(i) / "run_config.json").write_text(json.dumps(cfg))
+    stats = cfsl_table.collect(tmp_path, last=1)
+    assert sorted(stats) == ["bmspgs", "hfsl_sp"] and sorted(stats["bmspgs"]) == [0, 1]
+    assert stats["hfsl_sp"][0]["accuracy"] == pytest.approx(0.7)
+    text = cfsl_table.mechanism_table(stats)
+    assert "| bmspgs | 2 | 10 ± 0 | 4.0 ± 0.0 | 1.0 ± 0.0 | 190.0 ± 0.0 | 7.0 ± 0.0 |" in text
+    assert "| hfsl_sp | 1 | 10 ± 0 | 1.0 ± 0.0 |" in text

@@ -4,10 +4,13 @@ mean / min / max test accuracy over workers, labeling accuracy, coverage and ave
 claims of its Sec. VII checked on the runs.
 
 Runs are the directories `ROOT/<setting>/seed_<s>/` that `fedjax-semi ... replicas=R
-out_dir=ROOT/<setting>` writes (or `ROOT/<setting>/` for one seed). A setting's name is its label
-in the table: the eight scenarios `bmspgs` ... `emstrr`, and the baselines `hfsl_sp`, `hfsl_st`
-(HFSL timed by Eq. 5 or Eq. 25), `cfl_gs` (labeled-only CFL, greedy) and `bmspgs_random` (CFL +
-SSL with random selection). Accuracies are the mean of the last `--last` evaluations; energy is
+out_dir=ROOT/<setting>` writes (or `ROOT/<setting>/` for one seed), or any other run directories
+under ROOT (a multirun's sweep dir), named by their run_config.json (:func:`setting_of`). A
+setting's name is its label in the table: the eight scenarios `bmspgs` ... `emstrr`, and the
+baselines `hfsl_sp`, `hfsl_st` (HFSL timed by Eq. 5 or Eq. 25), `cfl_gs` (labeled-only CFL,
+greedy) and `bmspgs_random` (CFL + SSL with random selection). A second table gives the
+mechanism: clusters, stopped clusters and training workers at the last round, and the first
+round a cluster stopped. Accuracies are the mean of the last `--last` evaluations; energy is
 the mean over rounds of E_r (Eq. 16, cloud uplinks included), the paper's "averaged energy".
 
     python -m fedjax_semi.results.cfsl_table ROOT [--last 3] [--out table.md] [--plot fig.png]
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedjax_semi.algorithms.cfsl_config import SCENARIOS
 from fedjax_semi.results.report import mean_std
 
 SCENARIO_ORDER = (
@@ -30,11 +34,31 @@ SCENARIO_ORDER = (
 # The paper's energy savings against HFSL (Fig. 10(a), FEMNIST, phi = 0.7, split-based timing).
 PAPER_SAVING = {"bmspgs": 56.01, "bmsprr": 50.27, "emspgs": 47.22, "emsprr": 36.67}
 ACC_KEYS = ("accuracy", "min_acc", "max_acc", "labeling_acc", "coverage")
+# The mechanism at the last round: cluster slots in use, stopped clusters, workers that trained.
+MECHANISM_KEYS = ("num_clusters", "num_stopped", "selected")
 
 
 def baseline_of(setting: str) -> str:
     """The HFSL run a setting's energy saving is paired with: same prediction timing."""
     return "hfsl_st" if setting[2:4] == "st" else "hfsl_sp"
+
+
+def setting_of(alg: dict) -> str:
+    """The table label of a run's algorithm config (run_config.json's "algorithm"): the scenario
+    with its axes overridden (HFSL: `hfsl_<timing>`, labeled-only CFL: `cfl_<selection>`, random
+    selection: `<scenario>_random`)."""
+    model, time, selection = SCENARIOS[alg["scenario"]]
+    model = alg.get("prediction_model") or model
+    time = alg.get("prediction_time") or time
+    selection = alg.get("selection") or selection
+    name = {v: k for k, v in SCENARIOS.items()}
+    if not alg.get("clustering", True):
+        return "hfsl_" + name[model, time, "greedy"][2:4]
+    if time == "none":
+        return "cfl_" + name[model, "split", selection][4:]
+    if selection == "random":
+        return name[model, time, "greedy"] + "_random"
+    return name[model, time, selection]
 
 
 def seed_dirs(root: Path) -> dict[str, dict[int, Path]]:
@@ -48,6 +72,8 @@ def seed_dirs(root: Path) -> dict[str, dict[int, Path]]:
             if (d / "run_config.json").exists()
             else {}
         )
+        if setting not in SCENARIO_ORDER and "algorithm" in cfg:
+            setting = setting_of(cfg["algorithm"])
         seed = int(d.name[5:]) if d.name.startswith("seed_") else int(cfg.get("seed", 0))
         out.setdefault(setting, {})[seed] = d
     return out
@@ -63,6 +89,10 @@ def run_stats(run: Path, last: int) -> dict:
         vals = [r[k] for r in evals[-last:] if r.get(k) is not None]
         out[k] = float(np.nanmean(vals)) if vals else float("nan")
     out["avg_energy"] = float(np.mean([r["round_energy"] for r in rows]))
+    for k in MECHANISM_KEYS:
+        out[k] = float(rows[-1].get(k, np.nan))
+    stops = [r["round"] for r in rows if r.get("num_stopped", 0) > 0]
+    out["first_stop"] = float(stops[0]) if stops else float("nan")
     out["acc_curve"] = [(r["round"], r["accuracy"]) for r in evals]
     out["energy_curve"] = [(r["round"], r["avg_energy"]) for r in rows]
     return out
@@ -108,6 +138,27 @@ def table(stats: dict[str, dict[int, dict]]) -> str:
         sv = savings(stats, s) if not s.startswith("hfsl") else []
         cells.append(_cell(sv, scale=1.0) if sv else "–")
         cells.append(f"{PAPER_SAVING[s]:.2f}" if s in PAPER_SAVING else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def mechanism_table(stats: dict[str, dict[int, dict]]) -> str:
+    """Clusters, stopped clusters and training workers at the last round, the last round and
+    the first round with a stopped cluster (mean ± std over seeds; `never` when none stopped)."""
+    lines = [
+        "| setting | seeds | last round | clusters | stopped clusters | workers training | "
+        "first stop (round) |",
+        "|" + "---|" * 7,
+    ]
+    order = [s for s in SCENARIO_ORDER if s in stats] + sorted(set(stats) - set(SCENARIO_ORDER))
+    for s in order:
+        rs = list(stats[s].values())
+        cells = [s, str(len(rs)), _cell([r["acc_curve"][-1][0] for r in rs], 1.0, 0)]
+        cells += [_cell([r[k] for r in rs], 1.0, 1) for k in MECHANISM_KEYS]
+        firsts = [r["first_stop"] for r in rs]
+        never = sum(not np.isfinite(f) for f in firsts)
+        cell = _cell(firsts, 1.0, 1)
+        cells.append(cell if not never else f"{cell} (never in {never})")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -192,7 +243,14 @@ def main(argv: list[str] | None = None) -> None:
     stats = collect(args.root, args.last)
     if not stats:
         raise SystemExit(f"root={str(args.root)!r} holds no run with a metrics.jsonl")
-    text = table(stats) + "\n\n" + "\n".join(f"- {c}" for c in claims(stats)) + "\n"
+    text = (
+        table(stats)
+        + "\n\n"
+        + mechanism_table(stats)
+        + "\n\n"
+        + "\n".join(f"- {c}" for c in claims(stats))
+        + "\n"
+    )
     print(text)
     if args.out:
         args.out.write_text(text)
