@@ -86,11 +86,12 @@ def run_stats(run: Path, last: int) -> dict:
     evals = [r for r in rows if "accuracy" in r]
     out = {}
     for k in ACC_KEYS:
-        vals = [r[k] for r in evals[-last:] if r.get(k) is not None]
-        out[k] = float(np.nanmean(vals)) if vals else float("nan")
+        vals = [r[k] for r in evals[-last:] if r.get(k) is not None and np.isfinite(r[k])]
+        out[k] = float(np.mean(vals)) if vals else float("nan")  # NaN: nothing accepted
     out["avg_energy"] = float(np.mean([r["round_energy"] for r in rows]))
     for k in MECHANISM_KEYS:
         out[k] = float(rows[-1].get(k, np.nan))
+    out["last_round"] = float(rows[-1]["round"])
     stops = [r["round"] for r in rows if r.get("num_stopped", 0) > 0]
     out["first_stop"] = float(stops[0]) if stops else float("nan")
     out["acc_curve"] = [(r["round"], r["accuracy"]) for r in evals]
@@ -153,7 +154,7 @@ def mechanism_table(stats: dict[str, dict[int, dict]]) -> str:
     order = [s for s in SCENARIO_ORDER if s in stats] + sorted(set(stats) - set(SCENARIO_ORDER))
     for s in order:
         rs = list(stats[s].values())
-        cells = [s, str(len(rs)), _cell([r["acc_curve"][-1][0] for r in rs], 1.0, 0)]
+        cells = [s, str(len(rs)), _cell([r["last_round"] for r in rs], 1.0, 0)]
         cells += [_cell([r[k] for r in rs], 1.0, 1) for k in MECHANISM_KEYS]
         firsts = [r["first_stop"] for r in rs]
         never = sum(not np.isfinite(f) for f in firsts)
@@ -198,7 +199,7 @@ def claims(stats: dict[str, dict[int, dict]]) -> list[str]:
             out.append(f"greedy below random selection in energy (bmspgs vs bmspgs_random): "
                        f"{'yes' if d > 0 else 'NO'} ({d:.2f}% less, paired over "
                        f"{len(seeds)} seeds)")  # fmt: skip
-    sv = {s: float(np.mean(savings(stats, s))) for s in PAPER_SAVING if s in stats}
+    sv = {s: float(np.mean(v)) for s in PAPER_SAVING if s in stats and (v := savings(stats, s))}
     pairs = (("bmspgs", "emspgs", "BM > EM"), ("bmsprr", "emsprr", "BM > EM"),
              ("bmspgs", "bmsprr", "greedy > RR"), ("emspgs", "emsprr", "greedy > RR"))  # fmt: skip
     for a, b, what in pairs:
