@@ -110,3 +110,5 @@ def test_a_multirun_sweep_dir_is_read_by_run_config(tmp_path):
     text = cfsl_table.mechanism_table(stats)
     assert "| bmspgs | 2 | 10 ± 0 | 4.0 ± 0.0 | 1.0 ± 0.0 | 190.0 ± 0.0 | 7.0 ± 0.0 |" in text
     assert "| hfsl_sp | 1 | 10 ± 0 | 1.0 ± 0.0 |" in text
+    per_run = cfsl_table.collect(tmp_path, last=1, per_run=True)  # a tuning sweep's trials
+    assert sorted(per_run) == ["0", "1", "2"] and per_run["2"][0]["accuracy"] == pytest.approx(0.7)

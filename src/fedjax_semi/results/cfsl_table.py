@@ -14,6 +14,7 @@ round a cluster stopped. Accuracies are the mean of the last `--last` evaluation
 the mean over rounds of E_r (Eq. 16, cloud uplinks included), the paper's "averaged energy".
 
     python -m fedjax_semi.results.cfsl_table ROOT [--last 3] [--out table.md] [--plot fig.png]
+        [--per-run]
 """
 
 from __future__ import annotations
@@ -61,11 +62,15 @@ def setting_of(alg: dict) -> str:
     return name[model, time, selection]
 
 
-def seed_dirs(root: Path) -> dict[str, dict[int, Path]]:
-    """setting -> {seed: run dir} for every run under root with a metrics.jsonl."""
+def seed_dirs(root: Path, per_run: bool = False) -> dict[str, dict[int, Path]]:
+    """setting -> {seed: run dir} for every run under root with a metrics.jsonl; `per_run`:
+    every run its own row, named by its directory (a tuning sweep's trials)."""
     out: dict[str, dict[int, Path]] = {}
     for m in sorted(Path(root).glob("*/**/metrics.jsonl")):
         d = m.parent
+        if per_run:
+            out[str(d.relative_to(root))] = {0: d}
+            continue
         setting = d.relative_to(root).parts[0]
         cfg = (
             json.loads((d / "run_config.json").read_text())
@@ -99,10 +104,10 @@ def run_stats(run: Path, last: int) -> dict:
     return out
 
 
-def collect(root: Path, last: int) -> dict[str, dict[int, dict]]:
+def collect(root: Path, last: int, per_run: bool = False) -> dict[str, dict[int, dict]]:
     return {
         s: {seed: run_stats(d, last) for seed, d in seeds.items()}
-        for s, seeds in seed_dirs(root).items()
+        for s, seeds in seed_dirs(root, per_run).items()
     }
 
 
@@ -240,8 +245,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--last", type=int, default=3, help="evaluations averaged (default 3)")
     ap.add_argument("--out", type=Path, default=None, help="write the table (Markdown) here")
     ap.add_argument("--plot", type=Path, default=None, help="accuracy and energy over rounds")
+    ap.add_argument(
+        "--per-run", action="store_true", help="a row per run directory (a tuning sweep's trials)"
+    )
     args = ap.parse_args(argv)
-    stats = collect(args.root, args.last)
+    stats = collect(args.root, args.last, args.per_run)
     if not stats:
         raise SystemExit(f"root={str(args.root)!r} holds no run with a metrics.jsonl")
     text = (
