@@ -28,9 +28,9 @@ def test_preset_composes_and_validates(name):
         # Optuna's search spaces, e.g. tag(log, interval(0.005, 0.2)): their bounds.
         inner = re.findall(r"\(([^()]*)\)", str(values))
         for v in (inner[-1] if inner else str(values)).split(","):
-            # every swept value validates too: a config group is composed again, a value is set
-            # on the composed node (what Hydra's override does, without recomposing)
-            if "." not in key:
+            # every swept value validates too: a config group is composed again, a value (seed
+            # too) is set on the composed node (what Hydra's override does, without recomposing)
+            if "." not in key and OmegaConf.is_config(node.get(key)):  # a config group
                 validate(compose_config(f"+experiment={name}", f"{key}={v.strip()}", small=False))
                 continue
             swept = copy.deepcopy(node)
