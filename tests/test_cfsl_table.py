@@ -82,6 +82,7 @@ def test_empty_root_is_one_clear_line(tmp_path):
         (dict(scenario="bmspgs", selection="random"), "bmspgs_random"),
         (dict(scenario="bmspgs", prediction_time="none"), "cfl_gs"),
         (dict(scenario="bmsprr", prediction_time="none"), "cfl_rr"),
+        (dict(scenario="bmspgs", prediction_time="none", selection="random"), "cfl_random"),
         (dict(scenario="bmspgs", clustering=False, selection="all"), "hfsl_sp"),
         (dict(scenario="bmstgs", clustering=False, selection="all"), "hfsl_st"),
     ],

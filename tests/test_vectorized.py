@@ -193,11 +193,8 @@ def launch(tmp_path: Path, launcher: str) -> str:
     return r.stdout + r.stderr
 
 
-@pytest.mark.slow  # make test-slow: two CLI sweeps (the fast suite must stay under 12 minutes)
-def test_vectorized_launcher_sweep_equals_the_jobs_run_one_by_one(tmp_path):
-    """One program for the four jobs, each job's directory as it would be alone; the same four
-    jobs through Hydra's basic launcher, one by one: the same metrics (the fast suite compares a
-    vectorized program with runs alone in process, above)."""
+def test_vectorized_launcher_writes_every_jobs_directory(tmp_path):
+    """One program for the four jobs; each job's directory as it would be alone."""
     assert "4 jobs in 1 program(s): 4 jobs, traced ['lr']" in launch(tmp_path, "vectorized")
     for i in range(4):
         v = tmp_path / "vectorized" / str(i)
@@ -205,11 +202,19 @@ def test_vectorized_launcher_sweep_equals_the_jobs_run_one_by_one(tmp_path):
                      "summary.json", "plots/accuracy.png"):  # fmt: skip
             assert (v / name).exists(), name
         assert list((v / "tensorboard").iterdir())
+        assert [x["round"] for x in test_golden._rows(v)] == [1, 2, 3]
         summary = json.loads((v / "summary.json").read_text())
         assert summary["vectorized"]["jobs"] == 4
         assert summary["vectorized"]["traced"] == {"lr": LRS[i // 2]}
         assert summary["hardware"]["compile_cache"] == str(tmp_path / "xla")
     assert list((tmp_path / "xla").iterdir())  # the programs were cached there
+
+
+@pytest.mark.slow
+def test_vectorized_launcher_sweep_equals_the_jobs_run_one_by_one(tmp_path):
+    """The same four jobs through Hydra's basic launcher, one by one: the same metrics (the
+    fast suite compares a vectorized program with runs alone in process, above)."""
+    launch(tmp_path, "vectorized")
     launch(tmp_path, "basic")
     for i in range(4):
         rv = strip(test_golden._rows(tmp_path / "vectorized" / str(i)))

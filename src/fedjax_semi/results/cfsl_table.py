@@ -44,22 +44,26 @@ def baseline_of(setting: str) -> str:
     return "hfsl_st" if setting[2:4] == "st" else "hfsl_sp"
 
 
+# Each axis value's two letters in a scenario's name (bmspgs: best, split, greedy).
+_CODE = {v: name[2 * i : 2 * i + 2] for name, axes in SCENARIOS.items() for i, v in enumerate(axes)}
+
+
 def setting_of(alg: dict) -> str:
     """The table label of a run's algorithm config (run_config.json's "algorithm"): the scenario
     with its axes overridden (HFSL: `hfsl_<timing>`, labeled-only CFL: `cfl_<selection>`, random
     selection: `<scenario>_random`)."""
     model, time, selection = SCENARIOS[alg["scenario"]]
-    model = alg.get("prediction_model") or model
+    model = _CODE[alg.get("prediction_model") or model]
     time = alg.get("prediction_time") or time
     selection = alg.get("selection") or selection
-    name = {v: k for k, v in SCENARIOS.items()}
+    code = _CODE.get(selection, selection)
     if not alg.get("clustering", True):
-        return "hfsl_" + name[model, time, "greedy"][2:4]
+        return "hfsl_" + _CODE.get(time, time)
     if time == "none":
-        return "cfl_" + name[model, "split", selection][4:]
+        return "cfl_" + code
     if selection == "random":
-        return name[model, time, "greedy"] + "_random"
-    return name[model, time, selection]
+        return f"{model}{_CODE[time]}gs_random"
+    return model + _CODE[time] + code
 
 
 def seed_dirs(root: Path, per_run: bool = False) -> dict[str, dict[int, Path]]:
