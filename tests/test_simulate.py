@@ -200,3 +200,39 @@ def test_cross_dataset_server_pool(tmp_path):
     bad = compose_config("algorithm=fedavg", "dataset.server_pool=mnist")
     with pytest.raises(ValueError, match="dataset.server_pool"):
         experiment.build(bad)
+
+
+def test_clock_passed_against_a_loop():
+    """clock_passed: an active replica's clock crossed a multiple of `every` in the round."""
+    from fedjax_semi.engine.loop import clock_passed
+
+    rng = np.random.default_rng(0)
+    before = rng.uniform(0, 10, (50, 3)).astype(np.float32)
+    after = before + rng.uniform(0, 1.5, (50, 3)).astype(np.float32)
+    active = rng.random((50, 3)) < 0.7
+    for b, a, act in zip(before, after, active, strict=True):
+        want = any(int(a[i] // 1.0) > int(b[i] // 1.0) for i in range(3) if act[i])
+        assert clock_passed(b, a, 1.0, act) == want
+    assert clock_passed(np.float32(0.9), np.float32(1.1), 1.0, [True])  # one run: a scalar clock
+    assert not clock_passed(np.float32(1.1), np.float32(1.9), 1.0, [True])
+
+
+def test_eval_every_time_evaluates_where_the_clock_passes_a_multiple(tmp_path):
+    """eval_every_time=T: a round's row carries the evaluation iff the simulated clock passed a
+    multiple of T in it, or it is the last round (DoFed-SPP's clock; Local's rounds are short)."""
+    cfg = compose_config(
+        "algorithm=local",
+        "partition=subset",
+        "rounds=12",
+        "partition.dofed.train_per_class=20",
+        "partition.dofed.target_per_class=10",
+        "partition.dofed.test_per_class=5",
+        "eval_every_time=0.02",
+    )
+    experiment.run(experiment.build(cfg), tmp_path)
+    rows = rows_without_wall_time(tmp_path / "metrics.jsonl")
+    clock = [0.0] + [r["sim_time"] for r in rows]
+    want = [c1 // 0.02 > c0 // 0.02 for c0, c1 in zip(clock, clock[1:], strict=False)]
+    want[-1] = True
+    assert ["accuracy" in r for r in rows] == want
+    assert 1 < sum(want) < len(rows)  # some rounds evaluated, some not

@@ -226,6 +226,10 @@ class Config:
     num_clients: int = 100
     clients_per_round: int = 10
     eval_every: int = 1
+    # Evaluate each time the simulated clock passes a multiple of this many seconds instead
+    # (null: every eval_every rounds), so methods whose rounds last differently are evaluated
+    # equally often on one clock (DoFed-SPP's Local against the uploading methods).
+    eval_every_time: float | None = None
     eval_initial: bool = False  # also evaluate the state before round 1 (after warm-up): round 0
     checkpoint_every: int = 5
     resume: bool = False
@@ -369,6 +373,8 @@ def validate(cfg: Config) -> None:
     for key in ("eval_every", "checkpoint_every"):
         if getattr(cfg, key) < 1:
             raise bad(key, getattr(cfg, key), "an integer >= 1")
+    if cfg.eval_every_time is not None and not cfg.eval_every_time > 0:
+        raise bad("eval_every_time", cfg.eval_every_time, "a number of seconds > 0, or null")
     check_partition(p)
     space = getattr(cfg.algorithm, "label_space", None)  # CoFED's Y_i
     writers = p.scheme == "cofed" and p.cofed.variant == "writers"

@@ -389,6 +389,7 @@ def train(exp: Experiment, out: Path, runner: Runner, dirs: list[Path] | None = 
         runner=runner,
         eval_every=cfg.eval_every,
         eval_initial=cfg.eval_initial,
+        eval_every_time=cfg.eval_every_time,
         checkpoint_every=cfg.checkpoint_every,
         resume=cfg.resume,
         stop=cfg.stop,

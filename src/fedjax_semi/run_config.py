@@ -31,6 +31,7 @@ RESULT_NEUTRAL_KEYS = frozenset(
         # Evaluations read the state and never change it; eval_every only changes which rows
         # carry accuracies (and so the evaluations a stop rule counts).
         "eval_every",
+        "eval_every_time",
         "eval_initial",
         "stop",  # stopping rules decide how far to go, like rounds
         # Chunk sizes, devices, batch sizes and backend give the same numbers to float

@@ -135,10 +135,12 @@ def train_and_evaluate(
     restore: Callable[[State], tuple[int, State] | None] | None = None,
     eval_every: int = 1,
     eval_initial: bool = False,
+    eval_every_time: float | None = None,
 ) -> Run:
     """Train rounds run.start+1 .. run.rounds (fewer once every replica has stopped), evaluating
-    every `eval_every` rounds and after the last; `restore(template)` gives (round, state) of
-    the checkpoint to resume from, or None to start afresh."""
+    every `eval_every` rounds, or with `eval_every_time` each time an active replica's simulated
+    clock passes a multiple of that many seconds, and after the last round; `restore(template)`
+    gives (round, state) of the checkpoint to resume from, or None to start afresh."""
     restored = restore(runner.template()) if restore else None
     run.resumed = restored is not None
     run.start, run.state = restored if restored is not None else (0, runner.init())
@@ -160,8 +162,12 @@ def train_and_evaluate(
             m = jax.device_get(m)
             for h in hooks:
                 h.check(run, rnd, m)
+            due = rnd == run.rounds or (
+                rnd % eval_every == 0
+                if eval_every_time is None
+                else clock_passed(run.state.sim_time, new_state.sim_time, eval_every_time, active)
+            )
             run.state = new_state if all(active) else runner.keep(new_state, run.state, active)
-            due = rnd % eval_every == 0 or rnd == run.rounds
             t_eval = time.perf_counter()
             ev = jax.device_get(runner.evaluate(run.state)) if due else None
             wall = time.perf_counter() - t0
@@ -184,6 +190,16 @@ def train_and_evaluate(
         for h in hooks:
             h.end(run, error)
     return run
+
+
+def clock_passed(before, after, every: float, active: Sequence[bool]) -> bool:
+    """Whether an active replica's clock passed a multiple of `every` seconds in a round:
+    `before`, `after` are the clocks around it, [] or [R] (replicas). Stateless, so a resumed
+    run evaluates at the same rounds."""
+    # float64, as the rows' clocks are written (float of the float32 clock)
+    lo = np.floor(np.asarray(before, np.float64) / every)
+    hi = np.floor(np.asarray(after, np.float64) / every)
+    return bool(np.any(np.atleast_1d(hi > lo)[np.asarray(active, bool)]))
 
 
 def process_age_s() -> float | None:

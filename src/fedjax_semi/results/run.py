@@ -26,6 +26,7 @@ def simulate(
     runner: Runner,
     eval_every: int = 1,
     eval_initial: bool = False,
+    eval_every_time: float | None = None,
     checkpoint_every: int = 5,
     resume: bool = False,
     stop: StopConfig | None = None,
@@ -80,5 +81,6 @@ def simulate(
         restore=checkpoints.restore if resume else None,
         eval_every=eval_every,
         eval_initial=eval_initial,
+        eval_every_time=eval_every_time,
     )
     return summaries.summary
