@@ -197,3 +197,13 @@ def run_rounds(runner, rounds: int, state=None):
         rows.append(jax.device_get({**m, **runner.evaluate(state)}))
         states.append(state)
     return states, rows
+
+
+@pytest.fixture(scope="module")
+def fmnist():
+    """Debian's Fashion-MNIST (the partition tests' real-data cases), skipped where absent."""
+    from fedjax_semi.data.registry import load_dataset
+
+    if not os.path.isdir("/usr/share/datasets/fashion-mnist"):
+        pytest.skip("Debian's Fashion-MNIST (/usr/share/datasets/fashion-mnist) is not installed")
+    return load_dataset("fashion_mnist")
