@@ -15,8 +15,8 @@ from fedjax_semi import experiment
 from fedjax_semi.config import validate
 from fedjax_semi.data.registry import load_dataset
 from fedjax_semi.errors import ConfigError
+from partition_helpers import DEFAULTS, build, check_paper_invariants
 from test_image_loaders import write_chars74k_kannada, write_leaf_file
-from test_partition import DEFAULTS, build, check_paper_invariants
 
 pytestmark = pytest.mark.usefixtures("isolated_data_env")
 

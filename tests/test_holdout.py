@@ -12,7 +12,7 @@ from fedjax_semi.data.federated import build_federated
 from fedjax_semi.data.partitions import Partition
 from fedjax_semi.data.partitions.holdout import HOLDOUT_ROLES, holdout_counts
 from fedjax_semi.errors import ConfigError
-from test_partition import SCHEME_KNOBS, SYN_BIG, all_labels, build, synthetic
+from partition_helpers import SCHEME_KNOBS, SYN_BIG, all_labels, build, synthetic
 
 # Labels with unequal class sizes, so that the per-class rounding has remainders to place.
 SKEWED = synthetic(1500, 400)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import test_dofed_spp
-import test_um_pfssl
+import um_pfssl_tiny
 from conftest import compose_config
 from fedjax_semi import experiment
 from fedjax_semi.config import ConfigError
@@ -28,7 +28,7 @@ CASES = {
         "algorithm.pl_warmup_rounds=1",
     ],
     # round flags (search and refresh rounds: several compiled variants) and a warm-up
-    "um_pfssl": test_um_pfssl.TINY,
+    "um_pfssl": um_pfssl_tiny.TINY,
     # a warm-up program, the SR kernel and the simulated clock (random channel rates)
     "dofed_spp": test_dofed_spp.TINY,
 }
