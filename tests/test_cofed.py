@@ -369,3 +369,23 @@ def test_mechanism_metrics_are_row_keys(exp, ran):
     keys = set(metrics) | {s for label, s in exp.alg.label_scores.items() if label in metrics}
     assert exp.alg.mechanism_metrics == ("pl_acc", "pl_sum_pk")
     assert set(exp.alg.mechanism_metrics) <= keys
+
+
+def test_sweep_runs_the_named_preset(tmp_path, monkeypatch):
+    """--preset reaches Steps 1-2's composition; every row is written to --out."""
+    from fedjax_semi.results import cofed_sweep as sweep
+
+    calls = []
+
+    def fake(seed, variant, centers, overrides, counted, preset):
+        calls.append((seed, variant, centers, overrides, preset))
+        return [{"seed": seed, "variant": variant}]
+
+    monkeypatch.setattr(sweep, "sweep_one", fake)
+    out = tmp_path / "rows.jsonl"
+    sweep.main(["--preset", "cofed_fmnist_hard", "--seeds", "0,1", "--variants", "iid",
+                "--out", str(out), "seed=9"])  # fmt: skip
+    assert calls == [
+        (s, "iid", [(0.3, 0)], ["seed=9"], "+experiment=cofed_fmnist_hard") for s in (0, 1)
+    ]
+    assert len(out.read_text().splitlines()) == 2

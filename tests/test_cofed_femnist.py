@@ -160,13 +160,14 @@ def test_cofed_femnist_preset_builds_on_fixtures(tmp_path):
     assert "algorithm.label_space='seen'" in str(e.value) and "\n" not in str(e.value)
 
 
-def test_cofed_fmnist_ood_changes_only_the_public_set(femnist):
+def changed_keys(base_name: str, name: str) -> dict:
+    """The dotted keys whose composed value differs between two experiment presets."""
     from omegaconf import OmegaConf
 
     from conftest import compose_hydra
 
-    def flat(name: str) -> dict:
-        node = OmegaConf.to_container(compose_hydra(f"+experiment={name}", small=False))
+    def flat(preset: str) -> dict:
+        node = OmegaConf.to_container(compose_hydra(f"+experiment={preset}", small=False))
         out = {}
         todo = list(node.items())
         while todo:  # nested groups (partition.cofed.*) flattened to their dotted keys
@@ -177,8 +178,22 @@ def test_cofed_fmnist_ood_changes_only_the_public_set(femnist):
                 out[key] = v
         return out
 
-    base, ood = flat("cofed_fmnist"), flat("cofed_fmnist_ood")
-    changed = {k: ood[k] for k in ood if base.get(k) != ood[k]}
+    base, other = flat(base_name), flat(name)
+    return {k: other[k] for k in other if base.get(k) != other[k]}
+
+
+def test_cofed_fmnist_hard_changes_only_the_data():
+    """The harder stand-in: the paper's 6-8 classes, 10 images a class, 2,000 public rows."""
+    assert changed_keys("cofed_fmnist", "cofed_fmnist_hard") == {
+        "partition.cofed.min_classes": 6,
+        "partition.cofed.max_classes": 8,
+        "partition.cofed.samples_per_class": 10,
+        "partition.cofed.public_fraction": 0.1112,
+    }
+
+
+def test_cofed_fmnist_ood_changes_only_the_public_set(femnist):
+    changed = changed_keys("cofed_fmnist", "cofed_fmnist_ood")
     assert changed == {
         "dataset.server_pool": "digits",
         "dataset.server_pool_size": 1000,

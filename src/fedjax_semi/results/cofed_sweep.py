@@ -11,10 +11,10 @@ of the cost.
         --alphas 0,0.1,0.3,0.5,0.7,1 --sizes 500,1000,2000 --out sweep.jsonl [overrides ...]
     python -m fedjax_semi.results.cofed_sweep --table sweep.jsonl [--plot fig.png]
 
-Overrides are Hydra overrides on top of +experiment=cofed_fmnist. Each (seed, variant, alpha,
-size) is one JSON line: the evaluation (accuracy, local_acc, rel_acc, min, max, ...), the
-pseudo-label counts and their accuracy against the hidden labels (scored on the host, after
-training).
+Overrides are Hydra overrides on top of +experiment=cofed_fmnist (`--preset` names another).
+Each (seed, variant, alpha, size) is one JSON line: the evaluation (accuracy, local_acc, rel_acc,
+min, max, ...), the pseudo-label counts and their accuracy against the hidden labels (scored on
+the host, after training).
 """
 
 from __future__ import annotations
@@ -73,12 +73,13 @@ def sweep_one(
     centers: list[tuple[float, int]],
     overrides: list[str],
     count_alphas: list[float] = (),
+    preset: str = PRESET,
 ) -> list[dict]:
     """Steps 1-2 once for (seed, variant), then Steps 3-4 for every (alpha, public_size); and
     for every alpha of `count_alphas` Step 3 alone (the center's counts, no training: Fig. 7)."""
     from fedjax_semi import experiment
 
-    cfg = compose(PRESET, f"seed={seed}", f"partition.cofed.variant={variant}", *overrides)
+    cfg = compose(preset, f"seed={seed}", f"partition.cofed.variant={variant}", *overrides)
     exp = experiment.build(cfg)
     runner = exp.runner()
     t0 = time.perf_counter()
@@ -119,6 +120,7 @@ def sweep_one(
             "public_size": size or int(m["upload_labels_per_client"]),
             "model_pool": cfg.algorithm.model_pool,
             "num_clients": cfg.num_clients,
+            "preset": preset.removeprefix("+experiment="),
             **{k: float(ev[k]) for k in METRICS},
             **{k: int(m[k]) for k in COUNTS},
             "pl_acc": pseudo_label_accuracy(m["pl_index"], m["pl_label"], exp.fed.eval_y),
@@ -201,6 +203,7 @@ def plot(rows: list[dict], path: Path) -> Path:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", help="seeds to run (default 0,1,2); with --table: to keep")
+    ap.add_argument("--preset", default="cofed_fmnist", help="the experiment preset to run")
     ap.add_argument("--variants", default="iid,noniid")
     ap.add_argument("--alphas", default="0.3")
     ap.add_argument("--sizes", default="0", help="public rows the center uses; 0 = all")
@@ -234,7 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     for seed in (int(s) for s in (args.seeds or "0,1,2").split(",")):
         for variant in args.variants.split(","):
             counted = [float(a) for a in args.count_alphas.split(",") if a]
-            for row in sweep_one(seed, variant, centers, list(args.overrides), counted):
+            preset = f"+experiment={args.preset}"
+            for row in sweep_one(seed, variant, centers, list(args.overrides), counted, preset):
                 with out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
                 short = {k: v for k, v in row.items() if not k.startswith("client_")}
