@@ -389,3 +389,13 @@ def test_sweep_runs_the_named_preset(tmp_path, monkeypatch):
         (s, "iid", [(0.3, 0)], ["seed=9"], "+experiment=cofed_fmnist_hard") for s in (0, 1)
     ]
     assert len(out.read_text().splitlines()) == 2
+
+
+def test_sweep_refuses_an_unknown_preset(capsys):
+    """A wrong --preset is one line naming the flag, the value and the allowed presets."""
+    from fedjax_semi.results import cofed_sweep as sweep
+
+    with pytest.raises(SystemExit):
+        sweep.main(["--preset", "cofed_fmnist_hrad", "--seeds", "0"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--preset='cofed_fmnist_hrad'" in err and "cofed_fmnist_hard" in err

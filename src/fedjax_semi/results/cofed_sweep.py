@@ -228,6 +228,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.plot:
             print(f"wrote {plot(rows, Path(args.plot))}")
         return
+    from fedjax_semi.cli import CONF_DIR
+
+    presets = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("cofed*.yaml"))
+    if args.preset not in presets:  # before any training
+        ap.error(f"--preset={args.preset!r} is not a CoFED preset; use one of {', '.join(presets)}")
     alphas = [float(a) for a in args.alphas.split(",")]
     sizes = [int(s) for s in args.sizes.split(",")]
     # The alpha sweep at the largest size, the size sweep at the first alpha.
