@@ -113,3 +113,20 @@ def test_a_multirun_sweep_dir_is_read_by_run_config(tmp_path):
     assert "| hfsl_sp | 1 | 10 ± 0 | 1.0 ± 0.0 |" in text
     per_run = cfsl_table.collect(tmp_path, last=1, per_run=True)  # a tuning sweep's trials
     assert sorted(per_run) == ["0", "1", "2"] and per_run["2"][0]["accuracy"] == pytest.approx(0.7)
+
+
+def test_paired_differences_by_seed(root, tmp_path, capsys):
+    """--paired A=B: a - b per seed, within root or from another directory (DIR:setting)."""
+    stats = cfsl_table.collect(root, last=1)
+    acc, energy = cfsl_table.paired(stats["bmspgs"], stats["hfsl_sp"])
+    assert acc == pytest.approx([20.0, 20.0]) and energy == pytest.approx([-50.0, -50.0])
+    other = tmp_path / "other"
+    for seed, e in ((0, 100.0), (1, 200.0)):
+        write_run(other / "bmspgs" / f"seed_{seed}", 0.5, e, 0.7)
+    cfsl_table.main([str(root), "--paired", "bmspgs=hfsl_sp", "--paired", f"{other}:bmspgs=bmspgs"])
+    out = capsys.readouterr().out
+    want = "bmspgs - hfsl_sp over 2 seeds: accuracy +20.0 ± 0.0 points (2 above), energy -50.0"
+    assert want in out
+    assert f"{other}:bmspgs - bmspgs over 2 seeds: accuracy -10.0 ± 0.0 points (0 above)" in out
+    with pytest.raises(SystemExit):
+        cfsl_table.main([str(root), "--paired", "bmspgs=nothing"])

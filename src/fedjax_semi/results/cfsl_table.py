@@ -218,6 +218,23 @@ def claims(stats: dict[str, dict[int, dict]]) -> list[str]:
     return out
 
 
+def paired(a: dict[int, dict], b: dict[int, dict]) -> tuple[np.ndarray, np.ndarray]:
+    """Per seed both runs have: a - b in mean test accuracy (points) and a's energy relative to
+    b's (%), the same devices and fading per seed."""
+    seeds = sorted(set(a) & set(b))
+    acc = np.array([100 * (a[s]["accuracy"] - b[s]["accuracy"]) for s in seeds])
+    energy = np.array([100 * (a[s]["avg_energy"] / b[s]["avg_energy"] - 1) for s in seeds])
+    return acc, energy
+
+
+def paired_line(name_a: str, a: dict[int, dict], name_b: str, b: dict[int, dict]) -> str:
+    acc, energy = paired(a, b)
+    sd = lambda v: float(v.std(ddof=1)) if len(v) > 1 else 0.0  # noqa: E731
+    return (f"paired {name_a} - {name_b} over {len(acc)} seeds: accuracy {acc.mean():+.1f} ± "
+            f"{sd(acc):.1f} points ({int((acc > 0).sum())} above), energy {energy.mean():+.1f} ± "
+            f"{sd(energy):.1f}% ({int((energy < 0).sum())} lower)")  # fmt: skip
+
+
 def plot(stats: dict[str, dict[int, dict]], path: Path) -> None:
     """Mean test accuracy and average energy over rounds, mean over seeds, per setting."""
     import matplotlib
@@ -252,8 +269,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--per-run", action="store_true", help="a row per run directory (a tuning sweep's trials)"
     )
+    ap.add_argument(
+        "--paired", action="append", default=[], metavar="A=B",
+        help="also A - B paired by seed; a side is a setting of root or DIR:setting",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     stats = collect(args.root, args.last, args.per_run)
+    sides = {}
+    for pair in args.paired:
+        for side in pair.split("="):
+            where, _, setting = side.rpartition(":")
+            runs = collect(Path(where), args.last) if where else stats
+            if "=" not in pair or setting not in runs:
+                ap.error(f"--paired={pair!r}: {side!r} names no setting with runs")
+            sides[side] = runs[setting]
     if not stats:
         raise SystemExit(f"root={str(args.root)!r} holds no run with a metrics.jsonl")
     text = (
@@ -263,6 +292,10 @@ def main(argv: list[str] | None = None) -> None:
         + "\n\n"
         + "\n".join(f"- {c}" for c in claims(stats))
         + "\n"
+        + "".join(
+            f"- {paired_line(a, sides[a], b, sides[b])}\n"
+            for a, b in (p.split("=") for p in args.paired)
+        )
     )
     print(text)
     if args.out:

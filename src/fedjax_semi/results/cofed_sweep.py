@@ -151,7 +151,7 @@ def table(rows: list[dict], by: tuple[str, ...], metrics: tuple[str, ...]) -> st
     lines = [head, "|" + "---|" * (len(by) + 1 + len(metrics))]
     for key in sorted(groups):
         rs = groups[key]
-        cells = [mean_std([r[m] for r in rs]) for m in metrics]
+        cells = [mean_std([r.get(m) for r in rs]) for m in metrics]
         lines.append("| " + " | ".join((*map(str, key), str(len(rs)), *cells)) + " |")
     return "\n".join(lines)
 
@@ -221,10 +221,11 @@ def main(argv: list[str] | None = None) -> None:
         trained = [r for r in rows if not r.get("counts_only")]
         counted = [r for r in rows if r.get("counts_only")]
         by = ("model_pool", "variant", "alpha", "public_size")
-        print(table(trained, by, METRICS + COUNTS + ("pl_acc", "pl_acc_in_space")))
+        in_space = ("pl_acc", "pl_acc_in_space", "in_space_share")
+        print(table(trained, by, METRICS + COUNTS + in_space))
         if counted:
             print()
-            print(table(counted, by, COUNTS + ("pl_acc", "pl_acc_in_space", "in_space_share")))
+            print(table(counted, by, COUNTS + in_space))
         if args.plot:
             print(f"wrote {plot(rows, Path(args.plot))}")
         return
