@@ -186,17 +186,23 @@ def test_table2_ratios_from_runs_and_cofed_lines(tmp_path, capsys):
     baseline's last evaluation, and the best round on the mean accuracy."""
     from fedjax_semi.results import cofed_table2
 
+    hard = {
+        "variant": "iid",
+        "min_classes": 6,
+        "max_classes": 8,
+        "samples_per_class": 10,
+        "max_subclasses": 2,
+        "public_fraction": 0.1112,
+    }  # cofed_fmnist_hard's partition
     lines = []
     for seed, ref in ((0, [0.8, 0.5]), (1, [0.5, 0.5])):
         lines.append(
-            {"seed": seed, "variant": "iid", "alpha": 0.3, "public_size": 1000,
-             "model_pool": "table1", "client_acc": ref}
+            {"seed": seed, "variant": "iid", "alpha": 0.3, "public_size": 2002,
+             "model_pool": "table1", "client_acc": ref, "preset": "cofed_fmnist_hard"}
         )  # fmt: skip
         d = tmp_path / "runs" / f"iid_s{seed}"
         d.mkdir(parents=True)
-        (d / "run_config.json").write_text(
-            json.dumps({"seed": seed, "partition": {"cofed": {"variant": "iid"}}})
-        )
+        (d / "run_config.json").write_text(json.dumps({"seed": seed, "partition": {"cofed": hard}}))
         (d / "summary.json").write_text('{"client_acc": [0.4, 0.5], "rounds_completed": 4}')
         curve = [{"round": 2, "accuracy": 0.6}, {"round": 3}, {"round": 4, "accuracy": 0.45}]
         (d / "metrics.jsonl").write_text("\n".join(map(json.dumps, curve)))
@@ -217,3 +223,16 @@ def test_table2_ratios_from_runs_and_cofed_lines(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| fedmd | iid | table1 | 2 |" in out and "0.87" in out
     assert png.stat().st_size > 0
+
+    # CoFED rows of another preset (no "preset" field: cofed_fmnist, 3-4 classes of 50 images)
+    # are refused in one line naming the keys that differ, instead of dividing unlike partitions.
+    for line in lines:
+        del line["preset"]
+    (tmp_path / "easy.jsonl").write_text("\n".join(map(json.dumps, lines)))
+    with pytest.raises(SystemExit) as err:
+        cofed_table2.main(
+            ["--cofed", str(tmp_path / "easy.jsonl"), "--runs", f"fedmd={tmp_path / 'runs'}"]
+        )
+    msg = str(err.value)
+    assert "iid_s0" in msg and "samples_per_class" in msg and "'cofed_fmnist'" in msg
+    assert "\n" not in msg

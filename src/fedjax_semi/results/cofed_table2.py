@@ -19,13 +19,14 @@ CoFED, the Table 2 metric).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from fedjax_semi.results.cofed_sweep import mean_std
+from fedjax_semi.results.cofed_sweep import compose, mean_std
 
 # The paper's Table 2 (Fig. 10-11): ratio to CoFED and communication rounds. FedMD non-IID: the
 # table says 0.94, the text "35% ahead" (about 0.74); both are shown.
@@ -36,6 +37,36 @@ PAPER = {
     ("fedmd", "noniid"): ("0.94 (table) / ~0.74 (text)", "17 (best)"),
 }
 REFERENCE = {"pfedavg": "single", "fedmd": "table1"}  # CoFED's model pool for each baseline
+
+
+# The partition knobs that fix a participant's label space and private set (besides the seed and
+# split): a baseline is compared with CoFED only where they agree.
+PARTITION_KEYS = (
+    "min_classes",
+    "max_classes",
+    "samples_per_class",
+    "max_subclasses",
+    "public_fraction",
+)
+_OLD_KEYS = {
+    "min_classes": "cofed_min_classes",
+    "max_classes": "cofed_max_classes",
+    "max_subclasses": "cofed_max_subclasses",
+}  # runs recorded before partition.cofed
+
+
+def run_partition(part: dict) -> dict:
+    """The PARTITION_KEYS of a run_config.json's `partition`, in either layout."""
+    if "cofed" in part:
+        return {k: part["cofed"][k] for k in PARTITION_KEYS}
+    return {k: part[_OLD_KEYS.get(k, k)] for k in PARTITION_KEYS}
+
+
+@functools.cache
+def preset_partition(preset: str, overrides: tuple[str, ...]) -> dict:
+    """The PARTITION_KEYS a cofed_sweep row ran with (its preset and overrides, composed)."""
+    cofed = compose(f"+experiment={preset}", *overrides).partition.cofed
+    return {k: getattr(cofed, k) for k in PARTITION_KEYS}
 
 
 def cofed_rows(path: Path, pool: str, alpha: float = 0.3) -> dict[tuple[str, int], dict]:
@@ -67,8 +98,34 @@ def run_rows(root: Path) -> dict[tuple[str, int], dict]:
         part = cfg["partition"]  # runs recorded before the groups hold cofed_variant
         variant = part["cofed"]["variant"] if "cofed" in part else part["cofed_variant"]
         key = (variant, int(cfg["seed"]))
-        out[key] = {"client_acc": s["client_acc"], "curve": curve, "rounds": s["rounds_completed"]}
+        out[key] = {
+            "client_acc": s["client_acc"],
+            "curve": curve,
+            "rounds": s["rounds_completed"],
+            "partition": run_partition(part),
+            "dir": d.name,
+        }
     return out
+
+
+def check_partitions(method: str, runs: dict, cofed: dict) -> None:
+    """Refuse, in one line, to divide a baseline by CoFED rows of another partition."""
+    for (variant, seed), run in sorted(runs.items()):
+        ref = cofed.get((variant, seed))
+        if ref is None:
+            continue
+        preset = ref.get("preset", "cofed_fmnist")  # rows written before the field: the default
+        overrides = tuple(o for o in ref.get("overrides", []) if o.startswith("partition."))
+        want = preset_partition(preset, overrides)
+        if run["partition"] != want:
+            diff = {
+                k: (run["partition"][k], want[k]) for k in want if run["partition"][k] != want[k]
+            }
+            raise SystemExit(
+                f"cofed_table2: --runs {method}: run {run['dir']} ({variant}, seed {seed}) has "
+                f"partition.cofed {diff} (run, CoFED rows of preset {preset!r}); pass the CoFED "
+                "rows of the runs' preset"
+            )
 
 
 def compare(method: str, runs: dict, cofed: dict) -> dict[str, list]:
@@ -177,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         if REFERENCE[method] not in refs:
             ap.error(f"--runs {method}=...: needs --cofed-single (its CoFED reference)")
         runs[method] = run_rows(Path(root))
+        check_partitions(method, runs[method], refs[REFERENCE[method]])
         results[method] = compare(method, runs[method], refs[REFERENCE[method]])
     text = table(results)
     print(text)
