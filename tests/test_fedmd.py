@@ -214,6 +214,8 @@ def test_table2_ratios_from_runs_and_cofed_lines(tmp_path, capsys):
     finals = [r["final"] for r in res["iid"]]
     np.testing.assert_allclose(finals, [(0.5 + 1.0) / 2, (0.8 + 1.0) / 2])
     assert [r["best_round"] for r in res["iid"]] == [2, 2]
+    # Seed 0's curve (0.6, 0.45) reaches CoFED's mean 0.65 never, seed 1's (mean 0.5) at round 2.
+    assert [r["reaches_cofed"] for r in res["iid"]] == [None, 2]
     np.testing.assert_allclose([r["best_of_means"] for r in res["iid"]], [0.6 / 0.65, 0.6 / 0.5])
     png = tmp_path / "fig11.png"
     cofed_table2.main(
@@ -222,6 +224,7 @@ def test_table2_ratios_from_runs_and_cofed_lines(tmp_path, capsys):
     )  # fmt: skip
     out = capsys.readouterr().out
     assert "| fedmd | iid | table1 | 2 |" in out and "0.87" in out
+    assert "| 4 | 0/2 | 2 (median; 1/2 seeds) |" in out  # final ratios 0.75, 0.9: both behind
     assert png.stat().st_size > 0
 
     # CoFED rows of another preset (no "preset" field: cofed_fmnist, 3-4 classes of 50 images)

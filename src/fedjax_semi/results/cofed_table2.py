@@ -137,12 +137,15 @@ def compare(method: str, runs: dict, cofed: dict) -> dict[str, list]:
             continue
         acc, ref_acc = np.asarray(run["client_acc"]), np.asarray(ref["client_acc"])
         best_round, best = max(run["curve"], key=lambda p: p[1])
+        # Fig. 10: the first evaluated round whose mean accuracy reaches CoFED's (None: never).
+        reach = next((rnd for rnd, a in run["curve"] if a >= float(np.mean(ref_acc))), None)
         res[variant].append(
             {
                 "seed": seed,
                 "final": float(np.mean(acc / ref_acc)),
                 "best_of_means": best / float(np.mean(ref_acc)),
                 "best_round": best_round,
+                "reaches_cofed": reach,
                 "rounds": run["rounds"],
                 "acc": float(acc.mean()),
                 "cofed_acc": float(ref_acc.mean()),
@@ -151,13 +154,21 @@ def compare(method: str, runs: dict, cofed: dict) -> dict[str, list]:
     return res
 
 
+def reach_cell(rounds: list[int | None]) -> str:
+    """The median first round at CoFED's mean accuracy, over the seeds that reach it."""
+    hit = [r for r in rounds if r is not None]
+    if not hit:
+        return f"never (0/{len(rounds)})"
+    return f"{np.median(hit):g} (median; {len(hit)}/{len(rounds)} seeds)"
+
+
 def table(results: dict[str, dict[str, list]]) -> str:
     head = (
         "| baseline | split | CoFED models | seeds | acc (baseline) | acc (CoFED) | ratio, last "
-        "round (mean of ratios) | ratio, best round (of means) | best round | rounds | paper "
-        "ratio | paper rounds |"
+        "round (mean of ratios) | ratio, best round (of means) | best round | rounds | seeds "
+        "ahead of CoFED | reaches CoFED (round) | paper ratio | paper rounds |"
     )
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * 14]
     for method, per in results.items():
         for variant in sorted(per):
             rs = per[variant]
@@ -175,6 +186,8 @@ def table(results: dict[str, dict[str, list]]) -> str:
                 mean_std([r["best_of_means"] for r in rs]),
                 f"{np.median(best):g} (median; {min(best)}-{max(best)})",
                 "/".join(map(str, rounds)),
+                f"{sum(r['final'] > 1 for r in rs)}/{len(rs)}",
+                reach_cell([r["reaches_cofed"] for r in rs]),
                 *paper,
             ]
             lines.append("| " + " | ".join(cells) + " |")
