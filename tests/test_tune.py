@@ -30,6 +30,8 @@ hydra:
 """
 # SMALL without the keys the tuner sets (lr: the grid) or the preset sets (rounds).
 EXTRAS = [o for o in SMALL if o.split("=")[0] not in ("algorithm.lr", "rounds")]
+# SMALL's data overrides: the tuner scopes the values it writes to them (`where`).
+DATA = {"dataset": "digits", "partition.min_client_size": 5, "partition.labeled_fraction": 0.3}
 
 
 @pytest.fixture
@@ -87,8 +89,8 @@ def test_chooses_the_best_point_per_row_and_writes_the_tuned_file(conf, tmp_path
     assert "| algorithm=local | **[0.6000]** | 0.6000 |" in out
     written = yaml.safe_load((conf[0] / "tuned" / "tiny_table.yaml").read_text())
     assert written["tuned"] == [
-        {"where": {"algorithm": "fedavg"}, "set": {"algorithm.lr": 0.3}},
-        {"where": {"algorithm": "local"}, "set": {"algorithm.lr": 0.03}},
+        {"where": {"algorithm": "fedavg", **DATA}, "set": {"algorithm.lr": 0.3}},
+        {"where": {"algorithm": "local", **DATA}, "set": {"algorithm.lr": 0.03}},
     ]
     record = json.loads((tmp_path / "sweep" / "tuned.json").read_text())
     assert [r["chosen"] for r in record["rows"]] == [
@@ -96,6 +98,29 @@ def test_chooses_the_best_point_per_row_and_writes_the_tuned_file(conf, tmp_path
         {"algorithm.lr": "0.03"},
     ]
     assert "holdout=0.2" in (tmp_path / "sweep" / "tuned.md").read_text()
+
+
+def test_values_tuned_on_one_reading_of_the_data_are_written_for_that_reading(conf, tmp_path):
+    # partition.alpha=5.0 is a constant override: the chosen values go into the file scoped to
+    # it (`where`), so a run of another alpha keeps the preset's lr; other entries are kept.
+    fake_sweep(tmp_path)
+    write_tuned(conf, [{"where": {"algorithm": "fedavg"}, "set": {"algorithm.lr": 0.9}}])
+    d, overrides = conf
+    argv = [*overrides, "partition.alpha=5.0", "--grid", "algorithm.lr=0.03,0.3"]
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--dir", str(tmp_path / "sweep"), "--conf-out", str(d / "tuned")])
+    assert not e.value.code
+    written = yaml.safe_load((d / "tuned" / "tiny_table.yaml").read_text())["tuned"]
+    alpha = {"partition.alpha": 5.0}
+    assert written == [
+        {"where": {"algorithm": "fedavg"}, "set": {"algorithm.lr": 0.9}},
+        {"where": {"algorithm": "fedavg", **DATA, **alpha}, "set": {"algorithm.lr": 0.3}},
+        {"where": {"algorithm": "local", **DATA, **alpha}, "set": {"algorithm.lr": 0.03}},
+    ]
+    assert apply(compose_tiny(conf, "algorithm=local")) == {}  # alpha 0.5: not this reading
+    assert apply(compose_tiny(conf, "algorithm=local", "partition.alpha=5.0")) == {
+        "algorithm.lr": 0.03
+    }
 
 
 def test_a_diverged_point_is_never_chosen_and_last_k_reads_the_curve(conf, tmp_path, capsys):

@@ -153,10 +153,27 @@ def _typed(values: dict[str, str]) -> dict[str, Any]:
     return {k: yaml.safe_load(v) for k, v in values.items()}
 
 
+def data_scope(task_extras: list[str]) -> dict[str, str]:
+    """The user's overrides that change the data (`dataset`, `partition` and their keys, e.g.
+    `partition.dofed.assignment=balanced`): values chosen on one reading of the data are written
+    for that reading only, so they go into every entry's `where`."""
+    scope = {}
+    for o in task_extras:
+        key, _, value = o.partition("=")
+        key = key.lstrip("+~")
+        if key.split(".")[0] in ("dataset", "partition") and not o.startswith("~"):
+            scope[key] = value
+    return scope
+
+
 def tuned_yaml(plan: Plan, choices: list[Choice], old: list[dict], header: list[str]) -> str:
-    """conf/tuned/<preset>.yaml: the chosen values of every row with a choice; entries of
-    earlier tunings for other rows are kept."""
-    new = [{"where": _typed(c.row), "set": _typed(c.point)} for c in choices if c.point]
+    """conf/tuned/<preset>.yaml: the chosen values of every row with a choice, scoped to the
+    data overrides of the tuning (`data_scope`); entries of earlier tunings for other rows (or
+    other scopes) are kept."""
+    scope = _typed(data_scope(plan.task_extras))
+    new = [
+        {"where": {**_typed(c.row), **scope}, "set": _typed(c.point)} for c in choices if c.point
+    ]
     wheres = [e["where"] for e in new]
     kept = [e for e in old if e.get("where") not in wheres]
     body = yaml.safe_dump({"tuned": kept + new}, sort_keys=False, default_flow_style=None)
