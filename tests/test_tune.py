@@ -144,6 +144,25 @@ def test_a_diverged_point_is_never_chosen_and_last_k_reads_the_curve(conf, tmp_p
     }
 
 
+def test_budget_time_reads_each_trial_where_the_table_does(conf, tmp_path, capsys):
+    # A run stopped by stop.sim_time crosses the budget in its last round; the table reads it at
+    # sim_time <= budget (fedjax-semi-report --budget-time), and so must the tuner.
+    fake_sweep(tmp_path)
+    curves = {"0.03": [(40, 0.8), (90, 0.7), (101, 0.1)], "0.3": [(40, 0.6), (90, 0.6), (101, 0.6)]}
+    for lr, curve in curves.items():
+        rows = [{"round": r + 1, "sim_time": t, "accuracy": a} for r, (t, a) in enumerate(curve)]
+        lines = "\n".join(json.dumps(r) for r in rows)
+        (tmp_path / "sweep" / f"local-{lr}" / "metrics.jsonl").write_text(lines)
+    grid = ["--grid", "algorithm.lr=0.03,0.3", "--rows", "algorithm=local", "--last-k", "2"]
+    tune(conf, tmp_path, *grid)
+    assert "| algorithm=local | 0.4000 | **[0.6000]** |" in capsys.readouterr().out
+    tune(conf, tmp_path, *grid, "--budget-time", "100")
+    assert "| algorithm=local | **[0.7500]** | 0.6000 |" in capsys.readouterr().out
+    record = json.loads((tmp_path / "sweep" / "tuned.json").read_text())
+    assert (record["last_k"], record["budget_time"]) == (2, 100.0)
+    assert "sim_time <= 100 s" in (tmp_path / "sweep" / "tuned.md").read_text()
+
+
 def test_a_cost_is_minimised_like_a_loss(conf, tmp_path, capsys):
     # Ada-FedSemi's tables rank by cum_cost (Eq. 10 spent until the target): lower is better.
     fake_sweep(tmp_path)
@@ -181,6 +200,8 @@ def test_bad_flags_are_one_line_before_any_work(conf, tmp_path, capsys):
         (["--rows", "algorithm=fixavg"], "values among ['fedavg', 'local']"),
         (["--launcher", "ray"], "--launcher='ray' is not allowed"),
         (["--last-k", "0"], "--last-k='0' is not allowed"),
+        (["--budget-time", "0"], "--budget-time='0' is not allowed: seconds of simulated clock"),
+        (["--budget-time", "x"], "--budget-time='x' is not allowed"),
         (["algorithm.lr=0.1"], "algorithm.lr is set by the tuner"),
     ]
     for flags, needle in cases:

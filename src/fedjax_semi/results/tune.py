@@ -2,7 +2,8 @@
 
     fedjax-semi-tune +experiment=<table preset> [--grid algorithm.lr=0.003,0.01,0.03,0.1]
         [--seeds 0] [--holdout 0.2] [--rows 'algorithm=a,b'] [--knobs] [--metric M]
-        [--last-k K] [--dir D] [--launcher joblib --jobs 2] [--dry-run] [overrides]
+        [--last-k K] [--budget-time T] [--dir D] [--launcher joblib --jobs 2] [--dry-run]
+        [overrides]
 
 The table's rows are the preset's ``hydra.sweeper.params`` minus ``seed``. Every row is
 searched over the same grid (the lr grid always) and the same tuning seeds, on the validation
@@ -29,7 +30,7 @@ from typing import Any
 
 from fedjax_semi.errors import ConfigError, bad
 from fedjax_semi.results.tune_plan import LR, Plan, key_of, trial_id
-from fedjax_semi.results.tune_select import collect, select, write_outputs
+from fedjax_semi.results.tune_select import Cut, collect, select, write_outputs
 from fedjax_semi.tuned import run_complete
 
 __all__ = ["DEFAULT_LR_GRID", "SENSITIVE_KNOBS", "main"]
@@ -91,6 +92,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="also search the SENSITIVE_KNOBS of each method")  # fmt: skip
     ap.add_argument("--metric", default=None, help="what to maximise (default: stop.metric)")
     ap.add_argument("--last-k", default=None, help="mean of the last K evaluations, not the last")
+    ap.add_argument("--budget-time", default=None,
+                    help="read trials at sim_time <= T s (fedjax-semi-report's cut)")  # fmt: skip
     ap.add_argument("--dir", default=None, help="sweep directory (default tune/<preset>)")
     ap.add_argument("--conf-out", default=None, help="where conf/tuned/<preset>.yaml goes")
     ap.add_argument("--launcher", default="basic", help=f"Hydra launcher: {list(LAUNCHERS)}")
@@ -145,6 +148,14 @@ def check_flags(args: argparse.Namespace) -> dict[str, Any]:
     if not 0 < holdout <= 0.5:
         raise bad("--holdout", args.holdout, "a share in (0, 0.5] (0 would tune on the test split)")
     last_k = None if args.last_k is None else _ints("--last-k", args.last_k, 1)[0]
+    budget_time = None
+    if args.budget_time is not None:
+        try:
+            budget_time = float(args.budget_time)
+        except ValueError:
+            budget_time = math.nan
+        if not (budget_time > 0 and math.isfinite(budget_time)):
+            raise bad("--budget-time", args.budget_time, "seconds of simulated clock, a number > 0")
     if args.launcher not in LAUNCHERS:
         raise bad("--launcher", args.launcher, f"one of {list(LAUNCHERS)}")
     presets = [o for o in args.overrides if key_of(o) == "experiment" and "=" in o]
@@ -155,7 +166,7 @@ def check_flags(args: argparse.Namespace) -> dict[str, Any]:
         "grid": parse_grid(args.grid),
         "seeds": _ints("--seeds", args.seeds, 0),
         "holdout": holdout,
-        "last_k": last_k,
+        "cut": Cut(last_k, budget_time),
         "jobs": _ints("--jobs", args.jobs, 1)[0],
         "preset": presets[0].split("=", 1)[1],
         "rows": rows,
@@ -399,14 +410,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     metric = args.metric or plan.default_metric
     try:
-        results = collect(plan, scan(plan), metric, flags["last_k"])
+        results = collect(plan, scan(plan), metric, flags["cut"])
     except ValueError as e:
         _fail(str(e))
     # Losses and costs (Ada-FedSemi's cum_cost, Eq. 10) are minimised, everything else maximised.
     choices = select(plan, results, minimize=metric.endswith(MINIMIZED_SUFFIXES))
     conf_out = Path(args.conf_out) if args.conf_out else CONF_DIR / "tuned"
     command = shlex.join(["fedjax-semi-tune", *(sys.argv[1:] if argv is None else argv)])
-    sys.exit(write_outputs(plan, results, choices, conf_out, metric, flags["last_k"], command))
+    sys.exit(write_outputs(plan, results, choices, conf_out, metric, flags["cut"], command))
 
 
 if __name__ == "__main__":

@@ -49,15 +49,32 @@ class Choice:
     mean: float | None
 
 
-def _last_k(run_dir: Path, metric: str, k: int) -> float | None:
-    """The mean of the metric over the run's last k evaluations (report.cut_value)."""
+@dataclass(frozen=True)
+class Cut:
+    """Where a trial is read, as `fedjax-semi-report` reads a table's runs: the mean of the last
+    `last_k` evaluations (default: the final value) with `sim_time <= budget_time` (optional)."""
+
+    last_k: int | None = None
+    budget_time: float | None = None
+
+    def describe(self) -> str:
+        what = f"mean of the last {self.last_k} evaluations" if self.last_k else "final value"
+        if self.budget_time is None:
+            return what
+        return ("last evaluation" if not self.last_k else what) + (
+            f" with sim_time <= {self.budget_time:g} s"
+        )
+
+
+def _at_cut(run_dir: Path, metric: str, cut: Cut) -> float | None:
+    """The metric at the cut, from metrics.jsonl (report.cut_value)."""
     if not (run_dir / "metrics.jsonl").exists():
         return None
-    cut = cut_value(run_dir, metric, last_k=k)
-    return None if cut is None else cut[0]
+    value = cut_value(run_dir, metric, budget_time=cut.budget_time, last_k=cut.last_k)
+    return None if value is None else value[0]
 
 
-def _value(run_dir: Path, rounds: int, metric: str, last_k: int | None) -> float | None:
+def _value(run_dir: Path, rounds: int, metric: str, cut: Cut) -> float | None:
     path = run_dir / "summary.json"
     if not path.exists():
         return None
@@ -66,8 +83,8 @@ def _value(run_dir: Path, rounds: int, metric: str, last_k: int | None) -> float
         return None
     if "non-finite" in str(summary.get("stop_reason")):
         return math.nan
-    if last_k is not None:
-        value = _last_k(run_dir, metric, last_k)
+    if cut.last_k is not None or cut.budget_time is not None:
+        value = _at_cut(run_dir, metric, cut)
     elif metric == "best_accuracy":
         value = summary.get("best_accuracy")
     else:
@@ -82,7 +99,7 @@ def _value(run_dir: Path, rounds: int, metric: str, last_k: int | None) -> float
 
 
 def collect(
-    plan: Plan, found: dict[frozenset, Path], metric: str, last_k: int | None
+    plan: Plan, found: dict[frozenset, Path], metric: str, cut: Cut
 ) -> list[list[PointResult]]:
     """Per row, per grid point: the metric of each tuning seed's trial."""
 
@@ -92,9 +109,7 @@ def collect(
         points = []
         for p in plan.points(r):
             dirs = [found.get(trial_id({**row, **p, "seed": str(s)}, const)) for s in plan.seeds]
-            values = [
-                None if d is None else _value(d, plan.rounds[r], metric, last_k) for d in dirs
-            ]
+            values = [None if d is None else _value(d, plan.rounds[r], metric, cut) for d in dirs]
             points.append(PointResult(p, values, [None if d is None else str(d) for d in dirs]))
         out.append(points)
     return out
@@ -187,7 +202,7 @@ def write_outputs(
     choices: list[Choice],
     conf_out: Path,
     metric: str,
-    last_k: int | None,
+    cut: Cut,
     command: str,
 ) -> int:
     """Prints the table, writes tuned.md and tuned.json in the sweep dir and, when every trial
@@ -199,12 +214,12 @@ def write_outputs(
         for i, (v, d) in enumerate(zip(p.values, p.dirs, strict=True))
         if v is None
     ]
-    cut = f"mean of the last {last_k} evaluations" if last_k else "final value"
     date = datetime.date.today().isoformat()
     header = [
         f"Chosen by fedjax-semi-tune on {date}: per row the best mean over seeds {plan.seeds} of "
-        f"{metric} ({cut}) on the validation split partition.holdout={plan.holdout} (held out "
-        "of the clients' training rows; the test split is never read), ties to the smaller lr.",
+        f"{metric} ({cut.describe()}) on the validation split partition.holdout={plan.holdout} "
+        "(held out of the clients' training rows; the test split is never read), ties to the "
+        "smaller lr.",
         "Grid (every row the same): "
         + "; ".join(f"{k} in [{', '.join(v)}]" for k, v in plan.grid.items())
         + (
@@ -227,7 +242,8 @@ def write_outputs(
     (plan.sweep_dir / "tuned.md").write_text("\n".join(doc) + "\n")
     record = {
         "preset": plan.preset, "date": date, "holdout": plan.holdout, "seeds": plan.seeds,
-        "grid": plan.grid, "metric": metric, "last_k": last_k, "command": command,
+        "grid": plan.grid, "metric": metric, "last_k": cut.last_k,
+        "budget_time": cut.budget_time, "command": command,
         "rows": [
             {"row": c.row, "chosen": c.point, "mean": c.mean,
              "points": [vars(p) for p in points]}
