@@ -291,6 +291,29 @@ def test_the_app_applies_matching_tuned_values_unless_the_command_line_gives_the
     assert apply(cfg) == {}
 
 
+def test_dofed_records_tuned_values_apply_to_the_reading_they_were_tuned_on():
+    # conf/tuned/dofed_spp_fmnist_record.yaml was tuned on SUBSET's `balanced` assignment; the
+    # table of record's `even` assignment and NORMAL keep the preset's lr.
+    from hydra import compose, initialize_config_dir
+
+    from conftest import _register_configs_once
+    from fedjax_semi.cli import CONF_DIR
+
+    _register_configs_once()
+    runs = {
+        ("subset", "balanced", "fedfomo"): {"algorithm.lr": 0.0001},
+        ("subset", "balanced", "dofed_spp"): {"algorithm.lr": 0.01},
+        ("subset", "even", "fedfomo"): {},
+        ("normal", "balanced", "fedfomo"): {},
+    }
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for (scheme, assignment, alg), applied in runs.items():
+            ov = ["+experiment=dofed_spp_fmnist_record", f"partition={scheme}",
+                  f"partition.dofed.assignment={assignment}", f"algorithm={alg}"]  # fmt: skip
+            cfg = compose("config", overrides=ov, return_hydra_config=True)
+            assert apply(cfg) == applied, (scheme, assignment, alg)
+
+
 def test_a_stale_or_malformed_tuned_file_is_one_line(conf):
     for entries, needle in [
         ([{"where": {"algorithm.nope": 1}, "set": {"algorithm.lr": 0.1}}], "algorithm.nope"),
