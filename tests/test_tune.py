@@ -246,7 +246,8 @@ def test_sensitive_knobs_are_valid_settings_of_their_methods():
 # ----------------------------------------------------------------------------- the app's side
 
 
-def compose_tiny(conf, *overrides: str):
+def compose_real(*overrides: str):
+    """The app's config, Hydra's part included (what apply_tuned reads)."""
     from hydra import compose, initialize_config_dir
 
     from conftest import _register_configs_once
@@ -254,7 +255,11 @@ def compose_tiny(conf, *overrides: str):
 
     _register_configs_once()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=[*conf[1], *overrides], return_hydra_config=True)
+        return compose("config", overrides=list(overrides), return_hydra_config=True)
+
+
+def compose_tiny(conf, *overrides: str):
+    return compose_real(*conf[1], *overrides)
 
 
 def write_tuned(conf, entries) -> None:
@@ -294,24 +299,16 @@ def test_the_app_applies_matching_tuned_values_unless_the_command_line_gives_the
 def test_dofed_records_tuned_values_apply_to_the_reading_they_were_tuned_on():
     # conf/tuned/dofed_spp_fmnist_record.yaml was tuned on SUBSET's `balanced` assignment; the
     # table of record's `even` assignment and NORMAL keep the preset's lr.
-    from hydra import compose, initialize_config_dir
-
-    from conftest import _register_configs_once
-    from fedjax_semi.cli import CONF_DIR
-
-    _register_configs_once()
     runs = {
         ("subset", "balanced", "fedfomo"): {"algorithm.lr": 0.0001},
         ("subset", "balanced", "dofed_spp"): {"algorithm.lr": 0.01},
         ("subset", "even", "fedfomo"): {},
         ("normal", "balanced", "fedfomo"): {},
     }
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        for (scheme, assignment, alg), applied in runs.items():
-            ov = ["+experiment=dofed_spp_fmnist_record", f"partition={scheme}",
-                  f"partition.dofed.assignment={assignment}", f"algorithm={alg}"]  # fmt: skip
-            cfg = compose("config", overrides=ov, return_hydra_config=True)
-            assert apply(cfg) == applied, (scheme, assignment, alg)
+    for (scheme, assignment, alg), applied in runs.items():
+        reading = [f"partition={scheme}", f"partition.dofed.assignment={assignment}"]
+        cfg = compose_real("+experiment=dofed_spp_fmnist_record", *reading, f"algorithm={alg}")
+        assert apply(cfg) == applied, (scheme, assignment, alg)
 
 
 def test_a_stale_or_malformed_tuned_file_is_one_line(conf):

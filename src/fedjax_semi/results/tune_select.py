@@ -58,12 +58,10 @@ class Cut:
     budget_time: float | None = None
 
     def describe(self) -> str:
-        what = f"mean of the last {self.last_k} evaluations" if self.last_k else "final value"
         if self.budget_time is None:
-            return what
-        return ("last evaluation" if not self.last_k else what) + (
-            f" with sim_time <= {self.budget_time:g} s"
-        )
+            return f"mean of the last {self.last_k} evaluations" if self.last_k else "final value"
+        what = f"mean of the last {self.last_k} evaluations" if self.last_k else "last evaluation"
+        return f"{what} with sim_time <= {self.budget_time:g} s"
 
 
 def _at_cut(run_dir: Path, metric: str, cut: Cut) -> float | None:
