@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import json, re, sys
@@ -80,3 +82,19 @@ def test_four_devices_match_one():
         sharded = out[f"{alg}_4"]
         assert sharded.get("all-reduce", 0) >= 1, out  # the cohort really is split
         assert set(sharded) == {"all-reduce"}, out  # and never gathered
+
+
+def test_the_run_record_names_the_cpus_the_process_may_use():
+    """XLA:CPU's thread pool, and with it the float order of some sums, follows the CPUs a process
+    may run on, not the machine's count: a process pinned to one CPU records 1."""
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("the OS does not say (macOS): the record holds None")
+    one = min(os.sched_getaffinity(0))
+    code = (
+        f"import os; os.sched_setaffinity(0, {{{one}}}); "
+        "from fedjax_semi.results.rundir import environment; "
+        "e = environment(); print(e['cpu_affinity'], e['cpu_count'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    affinity, count = map(int, out.stdout.split())
+    assert affinity == 1 and count == os.cpu_count()

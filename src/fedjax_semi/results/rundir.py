@@ -196,6 +196,15 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
+def cpu_affinity() -> int | None:
+    """The number of CPUs this process may run on (`taskset`, cgroups); None where the OS does
+    not say (macOS)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return None
+
+
 def environment() -> dict:
     """Device and versions, recorded with every result."""
     import flax
@@ -208,6 +217,9 @@ def environment() -> dict:
         "device": getattr(dev, "device_kind", str(dev)),
         "device_count": jax.device_count(),
         "cpu_count": os.cpu_count(),
+        # XLA:CPU sizes its thread pool by the CPUs this process may use, and the float order
+        # of some ops follows it: a rerun is bit-identical only at the same count.
+        "cpu_affinity": cpu_affinity(),
         "python": platform.python_version(),
         "jax": jax.__version__,
         "flax": flax.__version__,
