@@ -91,3 +91,35 @@ def test_methods_of_one_name_are_told_apart_by_the_knobs_that_differ():
         "Ada-FedSemi (q0=300)",
         "FedAvg-0.5",
     ]
+
+
+def _set_phases(run_dir, phase: list[int], p: list[float], sec: list[float], gb: list[float]):
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row, *vals in zip(rows, phase, p, sec, gb, strict=True):
+        row["phase"], row["P"], row["round_time_s"], row["round_traffic_gb"] = vals
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_phase_table_splits_rounds_at_the_switch_until_done(tmp_path, capsys):
+    ada = {"name": "ada_fedsemi", "adaptive_p": True, "adaptive_c": True}
+    acc = [0.5, 0.6, 0.7, 0.8, 0.8, 0.8]
+    # Seed 0 switches after round 2 and ends at round 4 (rows 5-6 are frozen: not counted).
+    write_run(tmp_path / "ada", 0, ada, acc, 1.0, 0.1, ["+experiment=x"], done_at=4)
+    _set_phases(tmp_path / "ada" / "seed_0", [0, 0, 1, 1, 1, 1], [0.6, 0.6, 0.2, 0.5, 0.9, 0.9],
+                [30, 40, 50, 60, 70, 80], [1.0, 1.0, 0.5, 0.25, 9, 9])  # fmt: skip
+    # Seed 1 never switches: six rounds of phase 0.
+    write_run(tmp_path / "ada", 1, ada, acc, 1.0, 0.1, ["+experiment=x"])
+    _set_phases(tmp_path / "ada" / "seed_1", [0] * 6, [0.6, 0.2, 0.6, 0.6, 0.2, 0.6],
+                [60] * 6, [2.0] * 6)  # fmt: skip
+
+    ada_arms.main([str(tmp_path), "--by-phase"])
+    text = capsys.readouterr().out
+    assert (tmp_path / "ada_phases.md").read_text().strip() == text.strip()
+    rows = [line.split(" | ") for line in text.strip().splitlines()[2:]]
+    before, after = rows
+    # Phase 0: seed 0's 2 rounds (P 0.6, 0.6; 70 s; 2 GB), seed 1's 6 (0.6 x4, 0.2 x2; 360 s;
+    # 12 GB): P 0.6 in 6 of 8 rounds, mean P 4.0 / 8; (70 + 360) / 2 s = 3.58 min, 7 GB a seed.
+    assert before[1:] == ["0", "2", "4.0", "0.2: 25%, 0.6: 75%", "0.6", "0.50", "3.58", "7.00 |"]
+    # Phase 1: seed 0 only, rounds 3-4 (P 0.2, 0.5; 110 s; 0.75 GB).
+    assert after[1:] == ["1", "1", "2.0", "0.2: 50%, 0.5: 50%", "0.2", "0.35", "1.83", "0.75 |"]

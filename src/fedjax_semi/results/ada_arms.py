@@ -2,12 +2,19 @@
 Fig. 10), per method, pooled over seeds and rounds.
 
     python -m fedjax_semi.results.ada_arms DIR      # DIR/ada_arms.md and DIR/ada_arms.png
+    python -m fedjax_semi.results.ada_arms DIR --by-phase   # DIR/ada_phases.md
+
 
 A round counts until the run's first `done` row (the round that reached the target or spent a
 budget; the rows after it repeat a frozen state), as in `fedjax-semi-ada-table`. Per method:
 the share of rounds at each arm, the mean number of distinct P arms a seed played, and the
 longest streak of one P arm (the bandit locking onto an arm shows as a streak near the run's
 length). Fixed baselines show their one arm.
+
+`--by-phase` splits each seed's rounds at the change of preference (Figs. 9-10: `phase` 0
+before the switch, 1 after) and gives per method and phase the P arms played, the modal and
+mean P, and the rounds, minutes and GB spent in the phase (the sums of `round_time_s` and
+`round_traffic_gb`).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_semi.results.ada_table import _groups, method_name, run_stats
+from fedjax_semi.results.ada_table import _groups, method_name, run_rows, run_stats
 
 
 def longest_streak(values: list[float]) -> int:
@@ -118,15 +125,70 @@ def _bars(path: Path, names: list[str], table: list[dict]) -> None:
     plt.close(fig)
 
 
+def _seed_mean(seeds: list[list[dict]], key: str) -> float:
+    """The mean over seeds of the sum of `key` over each seed's rows."""
+    return float(np.mean([sum(r[key] for r in rows) for rows in seeds]))
+
+
+def method_phases(runs: list[dict]) -> dict[int, dict]:
+    """One method's seeds split by phase: {phase: the pooled P arms and per-seed rounds,
+    minutes and GB spent in it, averaged over the seeds that reached the phase}."""
+    per_seed: dict[int, list[list[dict]]] = {}
+    for run in runs:
+        rows = run_rows(run)
+        for ph in sorted({int(r.get("phase", 0)) for r in rows}):
+            per_seed.setdefault(ph, []).append([r for r in rows if int(r.get("phase", 0)) == ph])
+    out = {}
+    for ph, seeds in sorted(per_seed.items()):
+        p_all = [r["P"] for rows in seeds for r in rows if "P" in r]
+        shares = arm_shares(p_all)
+        out[ph] = {
+            "seeds": len(seeds),
+            "rounds": float(np.mean([len(rows) for rows in seeds])),
+            "P": shares,
+            "modal_p": max(shares, key=shares.get) if shares else float("nan"),
+            "mean_p": float(np.mean(p_all)) if p_all else float("nan"),
+            "minutes": float(
+                np.mean([sum(r["round_time_s"] for r in rows) / 60 for rows in seeds])
+            ),
+            "gb": float(np.mean([sum(r["round_traffic_gb"] for r in rows) for rows in seeds])),
+        }
+    return out
+
+
+def phases(root: Path) -> str:
+    """The per-phase table as Markdown (root/ada_phases.md)."""
+    groups = _groups(root)
+    names = method_names([runs[0]["config"] for _, runs in groups])
+    lines = [
+        "| method | phase | seeds | rounds (mean) | P played (share of rounds) | modal P | mean P "
+        "| minutes in the phase | GB in the phase |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n, (_, runs) in zip(names, groups, strict=True):
+        for ph, a in method_phases(runs).items():
+            lines.append(
+                f"| {n} | {ph} | {a['seeds']} | {a['rounds']:.1f} | {_shares_md(a['P'])} | "
+                f"{a['modal_p']:g} | {a['mean_p']:.2f} | {a['minutes']:.2f} | {a['gb']:.2f} |"
+            )
+    text = "\n".join(lines) + "\n"
+    (Path(root) / "ada_phases.md").write_text(text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         prog="python -m fedjax_semi.results.ada_arms",
         description="Ada-FedSemi's P and C arms played, per method (DIR/ada_arms.md, .png).",
     )
     ap.add_argument("sweep_dir", type=Path, help="a multirun directory (or any folder of runs)")
+    ap.add_argument(
+        "--by-phase", action="store_true",
+        help="split the rounds at the change of preference (DIR/ada_phases.md)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
-    try:
-        print(arms(args.sweep_dir))  # a missing directory: _groups' one line
+    try:  # a missing directory: _groups' one line
+        print(phases(args.sweep_dir) if args.by_phase else arms(args.sweep_dir))
     except ValueError as e:
         print(f"ada_arms: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -74,10 +74,9 @@ def cell_of(cfg: dict) -> tuple[float, float] | None:
     return None
 
 
-def run_stats(run: dict, targets: list[float], time_budget: float, traffic_budget: float) -> dict:
-    """One seed: best test accuracy (%) within the budgets, and per target the (time [min],
-    traffic [GB]) at the first round at test accuracy >= target (None if never), the P and C
-    drawn each round."""
+def run_rows(run: dict) -> list[dict]:
+    """One seed's rows of rounds 1 .. its first `done` (after it the state is frozen and the
+    rows repeat the last one)."""
     rows = [r for r in eval_rows(run["dir"]) if r.get("round", 0) >= 1]
     if not rows or any(TIME not in r or TRAFFIC not in r for r in rows):
         raise ValueError(
@@ -85,7 +84,14 @@ def run_stats(run: dict, targets: list[float], time_budget: float, traffic_budge
             "ada_fedsemi, fedsemi and fedavg_p)"
         )
     end = next((i for i, r in enumerate(rows) if r.get("done")), len(rows) - 1)
-    rows = rows[: end + 1]  # after `done` the state is frozen: those rows repeat the last one
+    return rows[: end + 1]
+
+
+def run_stats(run: dict, targets: list[float], time_budget: float, traffic_budget: float) -> dict:
+    """One seed: best test accuracy (%) within the budgets, and per target the (time [min],
+    traffic [GB]) at the first round at test accuracy >= target (None if never), the P and C
+    drawn each round."""
+    rows = run_rows(run)
     evals = [r for r in rows if r.get("accuracy") is not None]
     within = [r for r in evals if r[TIME] <= time_budget and r[TRAFFIC] <= traffic_budget]
     reach = {}
