@@ -289,6 +289,25 @@ def test_cost_comparison(cost_dir):
     assert "| Ada-FedSemi | 60.0 ± 0.0 | 12.0 ± 0.0 † | 55.0 ± 0.0 (3 charged) |" in text
 
 
+def test_cost_with_two_ada_rows_saves_against_the_named_one(cost_dir):
+    # A second Ada-FedSemi (q0 = 300): 15 min, 3 GB a round, so 75% at round 3 costs 27.
+    ada = {"name": "ada_fedsemi", "adaptive_p": True, "adaptive_c": True, "q0": 300.0,
+           "traffic_budget_gb": 20.0}  # fmt: skip
+    for s in range(3):
+        acc = [0.5, 0.7, 0.75, 0.77, 0.78, 0.8, 0.8, 0.81, 0.81, 0.81]
+        write_run(cost_dir / "ada300", s, ada, acc, 15.0, 3.0, ["+experiment=x", "q0=300"])
+    text = ada_table.cost(cost_dir, targets=[75], plot=False)
+    assert "Ada's saving" not in text  # two Ada rows, none named: no reference row
+    text = ada_table.cost(cost_dir, targets=[75], plot=False, ada_name="Ada-FedSemi (q0=300)")
+    rows = {r.split(" | ")[0].strip("| "): r for r in text.splitlines() if r.startswith("| ")}
+    assert rows["Ada-FedSemi (q0=300)"].startswith("| Ada-FedSemi (q0=300) | 45.0 ± 0.0 | 9.00")
+    # The other Ada (no q0 in its config; cost 18) and FedAvg-0.2 (42) against 27.
+    assert rows["Ada-FedSemi (q0=None)"].split(" | ")[4] == "-50%"
+    assert rows["FedAvg-0.2"].split(" | ")[4] == "36%"
+    with pytest.raises(ValueError, match="--ada='Ada' is not allowed: a method of the table"):
+        ada_table.cost(cost_dir, targets=[75], plot=False, ada_name="Ada")
+
+
 def test_method_names():
     assert (
         ada_table.method_name(

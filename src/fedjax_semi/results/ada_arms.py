@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_semi.results.ada_table import _groups, method_name, run_rows, run_stats
+from fedjax_semi.results.ada_table import _groups, method_names, run_rows, run_stats
 
 
 def longest_streak(values: list[float]) -> int:
@@ -58,22 +58,6 @@ def method_arms(runs: list[dict]) -> dict:
         "distinct_p": float(np.mean([len(set(s["P"])) for s in stats])),
         "streak_p": float(np.mean([longest_streak(s["P"]) for s in stats])),
     }
-
-
-def method_names(configs: list[dict]) -> list[str]:
-    """Each run group's method name; groups of one method are told apart by the algorithm
-    knobs whose values differ between them (e.g. "Ada-FedSemi (psi=1, q0=300)")."""
-    names = [method_name(c) for c in configs]
-    out = []
-    for n, c in zip(names, configs, strict=True):
-        same = [d.get("algorithm", {}) for m, d in zip(names, configs, strict=True) if m == n]
-        if len(same) > 1:
-            alg = c.get("algorithm", {})
-            keys = sorted(k for k in alg if len({repr(a.get(k)) for a in same}) > 1)
-            n += " (" + ", ".join(f"{k}={alg[k]:g}" if isinstance(alg[k], float) else
-                                  f"{k}={alg[k]}" for k in keys) + ")"  # fmt: skip
-        out.append(n)
-    return out
 
 
 def _shares_md(shares: dict[float, float]) -> str:

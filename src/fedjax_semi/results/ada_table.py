@@ -66,6 +66,22 @@ def method_name(cfg: dict) -> str:
     return str(a.get("name"))
 
 
+def method_names(configs: list[dict]) -> list[str]:
+    """Each run group's method name; groups of one method are told apart by the algorithm
+    knobs whose values differ between them (e.g. "Ada-FedSemi (psi=1, q0=300)")."""
+    names = [method_name(c) for c in configs]
+    out = []
+    for n, c in zip(names, configs, strict=True):
+        same = [d.get("algorithm", {}) for m, d in zip(names, configs, strict=True) if m == n]
+        if len(same) > 1:
+            alg = c.get("algorithm", {})
+            keys = sorted({k for a in same for k in a if len({repr(b.get(k)) for b in same}) > 1})
+            n += " (" + ", ".join(f"{k}={alg.get(k):g}" if isinstance(alg.get(k), float) else
+                                  f"{k}={alg.get(k)}" for k in keys) + ")"  # fmt: skip
+        out.append(n)
+    return out
+
+
 def cell_of(cfg: dict) -> tuple[float, float] | None:
     """(P, C) of a run with both fixed (FedSemi-P-C, FedAvg-P: C = 1.0), else None."""
     a = cfg.get("algorithm", {})
@@ -332,8 +348,11 @@ def cost(
     time_budget: float | None = None,
     traffic_budget: float | None = None,
     plot: bool = True,
+    ada_name: str | None = None,
 ) -> str:
-    """Figs. 6-8 / Table 7 as Markdown (root/ada_cost.md) and bars (root/ada_cost.png)."""
+    """Figs. 6-8 / Table 7 as Markdown (root/ada_cost.md) and bars (root/ada_cost.png).
+    "Ada's saving" is against ada_name's row (a name as the table prints it), or against the
+    one Ada-FedSemi row when there is one."""
     groups = _groups(root)
     runs = [r for _, rs in groups for r in rs]
     alpha = _agreed(runs, "alpha", "--alpha", alpha)
@@ -344,11 +363,8 @@ def cost(
     for t in targets:
         if not (isinstance(t, int | float) and 0 < t <= 100):
             raise _bad("--targets", t, "test accuracies in (0, 100] (%)")
-    names = [method_name(rs[0]["config"]) for _, rs in groups]
-    dup = {n for n in names if names.count(n) > 1}
-    names = [
-        f"{n} ({label})" if n in dup else n for n, (label, _) in zip(names, groups, strict=True)
-    ]
+    names = method_names([rs[0]["config"] for _, rs in groups])
+    ada = _ada_row(names, ada_name)
     stats = [[run_stats(r, targets, t_budget, b_budget) for r in rs] for _, rs in groups]
     paper = next((r["config"].get("paper") for r in runs if r["config"].get("paper")), None)
     pv = lambda i, key: (  # noqa: E731
@@ -396,7 +412,6 @@ def cost(
         *_md(head, rows),
         "",
     ]
-    ada = next((i for i, n in enumerate(names) if n == "Ada-FedSemi"), None)
     for t in targets:
         tg = f"{t:g}"
         head = ["method", f"time (min) to {tg}%", f"traffic (GB) to {tg}%", "weighted cost"]
@@ -429,6 +444,16 @@ def cost(
     return text
 
 
+def _ada_row(names: list[str], ada_name: str | None) -> int | None:
+    """The row the savings are against: ada_name's, else the only Ada-FedSemi row, else None."""
+    if ada_name is not None:
+        if ada_name not in names:
+            raise _bad("--ada", ada_name, f"a method of the table ({names})")
+        return names.index(ada_name)
+    ada = [i for i, n in enumerate(names) if n.startswith("Ada-FedSemi")]
+    return ada[0] if len(ada) == 1 else None
+
+
 def _bars(path: Path, names: list[str], targets: list[float], costs: dict, alpha: float) -> None:
     """One panel per target: the mean weighted cost per method, the seeds' std as error bars."""
     import matplotlib
@@ -445,7 +470,7 @@ def _bars(path: Path, names: list[str], targets: list[float], costs: dict, alpha
         pairs = list(zip(vals, finite, strict=True))
         height = [v.mean() if f else 0.0 for v, f in pairs]
         err = [v.std(ddof=1) if f and len(v) > 1 else 0.0 for v, f in pairs]
-        color = ["tab:red" if n == "Ada-FedSemi" else "tab:gray" for n in names]
+        color = ["tab:red" if n.startswith("Ada-FedSemi") else "tab:gray" for n in names]
         ax.bar(x, height, yerr=err, color=color, capsize=3)
         for xi, f in zip(x, finite, strict=True):
             if not f:
@@ -484,13 +509,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--alpha", type=float, default=None, help="cost: Eq. 10's alpha")
     ap.add_argument("--time-budget", type=float, default=None, help="minutes")
     ap.add_argument("--traffic-budget", type=float, default=None, help="GB")
+    ap.add_argument("--ada", default=None, help="cost: the row Ada's saving is against")
     args = ap.parse_args(argv)
     try:
         if args.table == "grid":
             text = grid(args.sweep_dir, args.target, args.time_budget, args.traffic_budget)
         else:
             targets = _floats("--targets", args.targets)
-            text = cost(args.sweep_dir, targets, args.alpha, args.time_budget, args.traffic_budget)
+            text = cost(
+                args.sweep_dir, targets, args.alpha, args.time_budget, args.traffic_budget,
+                ada_name=args.ada,
+            )  # fmt: skip
     except ValueError as e:
         print(f"fedjax-semi-ada-table: error: {e}", file=sys.stderr)
         sys.exit(2)
