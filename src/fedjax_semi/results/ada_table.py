@@ -461,9 +461,9 @@ def _bars(path: Path, names: list[str], targets: list[float], costs: dict, alpha
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    width = max(4.5, 1.2 + 1.1 * len(names))
-    fig, axes = plt.subplots(1, len(targets), figsize=(width * len(targets), 3.6), squeeze=False)
-    for ax, t in zip(axes[0], targets, strict=True):
+    width = max(4.5, 1.2 + 0.5 * len(names))  # one panel a row: a 20-cell grid stays legible
+    fig, axes = plt.subplots(len(targets), 1, figsize=(width, 3.8 * len(targets)), squeeze=False)
+    for ax, t in zip(axes[:, 0], targets, strict=True):
         vals = [np.asarray(v) for v in costs[t]]
         x = np.arange(len(names))
         finite = [bool(np.isfinite(v).all()) for v in vals]  # an infinite charge draws no bar
