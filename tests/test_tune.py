@@ -311,6 +311,19 @@ def test_dofed_records_tuned_values_apply_to_the_reading_they_were_tuned_on():
         assert apply(cfg) == applied, (scheme, assignment, alg)
 
 
+def test_cfsl_records_stopping_based_scenarios_take_their_own_lr():
+    # conf/tuned/cfsl_fmnist_record.yaml: lr 0.1 was searched on BMSPGS; each stopping-based
+    # scenario's own search chose 0.05; a command-line lr still wins.
+    knobs = {"algorithm.bipartition": "complete", "algorithm.kappa2": 1.0}
+    for scenario, lr in [("bmspgs", 0.1), ("emsprr", 0.1), ("bmstgs", 0.05), ("emstrr", 0.05)]:
+        cfg = compose_real("+experiment=cfsl_fmnist_record", f"algorithm.scenario={scenario}")
+        assert apply(cfg) == {"algorithm.lr": lr, **knobs}, scenario
+    cfg = compose_real(
+        "+experiment=cfsl_fmnist_record", "algorithm.scenario=bmstgs", "algorithm.lr=0.3"
+    )
+    assert apply(cfg) == knobs and cfg.algorithm.lr == 0.3
+
+
 def test_a_stale_or_malformed_tuned_file_is_one_line(conf):
     for entries, needle in [
         ([{"where": {"algorithm.nope": 1}, "set": {"algorithm.lr": 0.1}}], "algorithm.nope"),
