@@ -4,7 +4,6 @@ Fig. 10), per method, pooled over seeds and rounds.
     python -m fedjax_semi.results.ada_arms DIR      # DIR/ada_arms.md and DIR/ada_arms.png
     python -m fedjax_semi.results.ada_arms DIR --by-phase   # DIR/ada_phases.md
 
-
 A round counts until the run's first `done` row (the round that reached the target or spent a
 budget; the rows after it repeat a frozen state), as in `fedjax-semi-ada-table`. Per method:
 the share of rounds at each arm, the mean number of distinct P arms a seed played, and the
@@ -132,10 +131,8 @@ def method_phases(runs: list[dict]) -> dict[int, dict]:
             "P": shares,
             "modal_p": max(shares, key=shares.get) if shares else float("nan"),
             "mean_p": float(np.mean(p_all)) if p_all else float("nan"),
-            "minutes": float(
-                np.mean([sum(r["round_time_s"] for r in rows) / 60 for rows in seeds])
-            ),
-            "gb": float(np.mean([sum(r["round_traffic_gb"] for r in rows) for rows in seeds])),
+            "minutes": _seed_mean(seeds, "round_time_s") / 60,
+            "gb": _seed_mean(seeds, "round_traffic_gb"),
         }
     return out
 

@@ -445,12 +445,15 @@ def cost(
 
 
 def _ada_row(names: list[str], ada_name: str | None) -> int | None:
-    """The row the savings are against: ada_name's, else the only Ada-FedSemi row, else None."""
+    """The row the savings are against: ada_name's, else the plain "Ada-FedSemi" (both knobs
+    adaptive), else the only row of Ada-FedSemi's name, else None."""
     if ada_name is not None:
         if ada_name not in names:
             raise _bad("--ada", ada_name, f"a method of the table ({names})")
         return names.index(ada_name)
-    ada = [i for i, n in enumerate(names) if n.startswith("Ada-FedSemi")]
+    if "Ada-FedSemi" in names:
+        return names.index("Ada-FedSemi")
+    ada = [i for i, n in enumerate(names) if n.startswith("Ada-FedSemi (")]
     return ada[0] if len(ada) == 1 else None
 
 
