@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from fedjax_semi.results import ada_table
+from fedjax_semi.results import ada_runs, ada_table
 from test_ada_cost import OPTIMA, P_COLS, TABLES
 
 ALG = {
@@ -171,8 +171,8 @@ def test_alpha_intervals_reproduce_tables_4_to_6(dataset):
     np.testing.assert_allclose([lo for lo, _, _ in got[1:]], breaks, rtol=1e-12)
     assert got[0][0] == 0.0 and got[-1][1] == 1.0
     assert ada_table.alpha_intervals([np.nan], [np.nan]) == []
-    assert [ada_table._paper(v, 0) for v in (200, 199.0, None)] == ["200", "199", "-"]
-    assert [ada_table._paper(v, 2) for v in (0.7, 2.0, [2.5, 2.6])] == ["0.7", "2", "2.50–2.60"]
+    assert [ada_runs._paper(v, 0) for v in (200, 199.0, None)] == ["200", "199", "-"]
+    assert [ada_runs._paper(v, 2) for v in (0.7, 2.0, [2.5, 2.6])] == ["0.7", "2", "2.50–2.60"]
 
 
 def test_grid_with_paper_cells_prints_the_papers_tables_4_to_6(tmp_path):
@@ -220,7 +220,7 @@ def test_reach_past_the_budget_is_marked_and_done_rows_end_the_run(tmp_path):
         ["algorithm.fixed_p=0.2"],
         done_at=3,
     )
-    stats = ada_table.run_stats({"dir": tmp_path / "1" / "seed_0"}, [75.0], 100.0, math.inf)
+    stats = ada_runs.run_stats({"dir": tmp_path / "1" / "seed_0"}, [75.0], 100.0, math.inf)
     assert stats["reach"][75.0] is None and stats["best"] == 50.0
 
 
@@ -310,17 +310,17 @@ def test_cost_with_two_ada_rows_saves_against_the_named_one(cost_dir):
 
 def test_method_names():
     assert (
-        ada_table.method_name(
+        ada_runs.method_name(
             {"algorithm": {"name": "ada_fedsemi", "adaptive_p": True, "adaptive_c": True}}
         )
         == "Ada-FedSemi"
     )
     zero_pool = {"name": "ada_fedsemi", "adaptive_p": True, "adaptive_c": False, "fixed_c": 1.0}
-    assert ada_table.method_name({"algorithm": zero_pool}) == "Ada-FedSemi (C = 1)"
-    assert ada_table.method_name({"algorithm": fixed(0.5, 0.9)}) == "FedSemi-0.5-0.9"
-    assert ada_table.method_name({"algorithm": fixed(0.2, 1.0)}) == "FedAvg-0.2"
+    assert ada_runs.method_name({"algorithm": zero_pool}) == "Ada-FedSemi (C = 1)"
+    assert ada_runs.method_name({"algorithm": fixed(0.5, 0.9)}) == "FedSemi-0.5-0.9"
+    assert ada_runs.method_name({"algorithm": fixed(0.2, 1.0)}) == "FedAvg-0.2"
     same = {"name": "fedsemi", "fixed_p": 1.0, "fixed_c": 1.0}
-    assert ada_table.method_name({"algorithm": same}) == "FedAvg-1"
+    assert ada_runs.method_name({"algorithm": same}) == "FedAvg-1"
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_semi.results.ada_table import _groups, method_names, run_rows, run_stats
+from fedjax_semi.results.ada_runs import _groups, method_names, run_rows, run_stats
 
 
 def longest_streak(values: list[float]) -> int:
