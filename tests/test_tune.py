@@ -214,6 +214,13 @@ def test_bad_flags_are_one_line_before_any_work(conf, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "+experiment='no_such_preset' is not allowed: a preset of conf/experiment: [" in err
     assert len(err.strip().splitlines()) == 1
+    # A preset that names no rows (no hydra.sweeper.params at all) is refused the same way.
+    (d / "experiment" / "one_run.yaml").write_text("# @package _global_\nrounds: 2\n")
+    with pytest.raises(SystemExit):
+        main([f"hydra.searchpath=[file://{d}]", "+experiment=one_run", "--dir", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert "+experiment='one_run' is not allowed: a table preset (its hydra.sweeper.params" in err
+    assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "sweep").exists()  # no work started
 
 

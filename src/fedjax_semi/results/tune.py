@@ -216,7 +216,8 @@ def make_plan(flags: dict[str, Any], args: argparse.Namespace) -> Plan:
             raise ConfigError(f"+experiment={preset} does not compose: {first}") from None
         known = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
         raise bad("+experiment", preset, f"a preset of conf/experiment: {known}") from None
-    params = dict(OmegaConf.to_container(cfg.hydra.sweeper.params) or {})
+    sweep = cfg.hydra.sweeper.get("params")  # None where the preset names no rows
+    params = dict(OmegaConf.to_container(sweep) if sweep is not None else {})
     params.pop("seed", None)
     if not params:
         raise bad("+experiment", preset, "a table preset (its hydra.sweeper.params name the rows)")
