@@ -217,7 +217,7 @@ def test_bad_flags_are_one_line_before_any_work(conf, tmp_path, capsys):
     # A preset that names no rows (no hydra.sweeper.params at all) is refused the same way.
     (d / "experiment" / "one_run.yaml").write_text("# @package _global_\nrounds: 2\n")
     with pytest.raises(SystemExit):
-        main([f"hydra.searchpath=[file://{d}]", "+experiment=one_run", "--dir", str(tmp_path / "x")])
+        main([f"hydra.searchpath=[file://{d}]", "+experiment=one_run", "--dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert "+experiment='one_run' is not allowed: a table preset (its hydra.sweeper.params" in err
     assert len(err.strip().splitlines()) == 1
