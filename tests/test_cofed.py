@@ -399,3 +399,26 @@ def test_sweep_refuses_an_unknown_preset(capsys):
         sweep.main(["--preset", "cofed_fmnist_hrad", "--seeds", "0"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--preset='cofed_fmnist_hrad'" in err and "cofed_fmnist_hard" in err
+
+
+def test_sweep_applies_the_presets_tuned_values_as_the_app_does(tmp_path):
+    """cofed_sweep composes what `fedjax-semi` would run: a tuned entry applies to the split it
+    names (Step 4's lr follows Step 1's in cofed_fmnist_hard_record), the command line wins."""
+    from fedjax_semi.results.cofed_sweep import compose_tuned
+
+    d = tmp_path / "conf"
+    (d / "tuned").mkdir(parents=True)
+    (d / "tuned" / "tiny_cofed.yaml").write_text(
+        "# @package _global_\ntuned:\n- where: {partition.cofed.variant: noniid}\n"
+        "  set: {algorithm.lr: 0.003}\n"
+    )
+    base = [f"hydra.searchpath=[file://{d}]", "+experiment=cofed_fmnist_hard_record"]
+    base.append("tuned=tiny_cofed")  # this file in place of conf/tuned's
+    cfg, applied = compose_tuned(*base, "partition.cofed.variant=noniid")
+    assert (cfg.algorithm.lr, cfg.algorithm.update_lr, applied) == (
+        0.003, 0.003, {"algorithm.lr": 0.003}
+    )  # fmt: skip
+    cfg, applied = compose_tuned(*base, "partition.cofed.variant=iid")
+    assert (cfg.algorithm.lr, cfg.algorithm.update_lr, applied) == (0.001, 0.001, {})
+    cfg, applied = compose_tuned(*base, "partition.cofed.variant=noniid", "algorithm.lr=0.01")
+    assert (cfg.algorithm.lr, cfg.algorithm.update_lr, applied) == (0.01, 0.01, {})

@@ -37,16 +37,29 @@ COUNTS = ("pl_sum_pk", "pl_union_pk", "pl_sum_ri")
 
 
 def compose(*overrides: str):
-    """The config `fedjax-semi` would run with these overrides."""
+    """The config `fedjax-semi` would run with these overrides, the preset's tuned values
+    (conf/tuned/<preset>.yaml) applied as the app applies them: the command line's keys win."""
+    return compose_tuned(*overrides)[0]
+
+
+def compose_tuned(*overrides: str) -> tuple:
+    """(config, {key: tuned value applied}) for these overrides."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from omegaconf import open_dict
 
     from fedjax_semi.cli import CONF_DIR
     from fedjax_semi.store import as_config, register_configs
+    from fedjax_semi.tuned import apply_tuned, given_keys
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return as_config(hydra_compose("config", overrides=list(overrides)))
+        cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+    choices = dict(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    applied = apply_tuned(cfg, choices, given_keys(overrides))
+    return as_config(cfg), applied
 
 
 def _host(tree) -> dict:
@@ -79,7 +92,9 @@ def sweep_one(
     for every alpha of `count_alphas` Step 3 alone (the center's counts, no training: Fig. 7)."""
     from fedjax_semi import experiment
 
-    cfg = compose(preset, f"seed={seed}", f"partition.cofed.variant={variant}", *overrides)
+    cfg, tuned = compose_tuned(
+        preset, f"seed={seed}", f"partition.cofed.variant={variant}", *overrides
+    )
     exp = experiment.build(cfg)
     runner = exp.runner()
     t0 = time.perf_counter()
@@ -130,6 +145,7 @@ def sweep_one(
             "steps12_s": t_steps12,
             "steps34_s": time.perf_counter() - t0,
             "overrides": overrides,
+            "tuned": tuned,
         }
         rows.append(row)
     return rows
