@@ -23,13 +23,15 @@ def _bad(flag: str, value, allowed: str) -> ValueError:
 
 
 def method_name(cfg: dict) -> str:
-    """Ada-FedSemi, FedSemi-P-C or FedAvg-P (fedavg_p, or fedsemi at C = 1.0: the same run)."""
+    """Ada-FedSemi, HeteroAda-FedSemi, FedSemi-P-C or FedAvg-P (fedavg_p, or fedsemi at C = 1.0:
+    the same run)."""
     a = cfg.get("algorithm", {})
     p, c = a.get("fixed_p"), a.get("fixed_c")
-    if a.get("name") == "ada_fedsemi":
+    if a.get("name") in ("ada_fedsemi", "hetero_ada"):
         knobs = (("P", p, a.get("adaptive_p", True)), ("C", c, a.get("adaptive_c", True)))
         fixed = [f"{k} = {v:g}" for k, v, adaptive in knobs if not adaptive]
-        return "Ada-FedSemi" + (f" ({', '.join(fixed)})" if fixed else "")
+        name = "Ada-FedSemi" if a["name"] == "ada_fedsemi" else "HeteroAda-FedSemi"
+        return name + (f" ({', '.join(fixed)})" if fixed else "")
     if a.get("name") == "fedavg_p" or (a.get("name") == "fedsemi" and c == 1.0):
         return f"FedAvg-{p:g}"
     if a.get("name") == "fedsemi":

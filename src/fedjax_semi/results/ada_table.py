@@ -11,6 +11,9 @@ the preset carries (its `paper:` rows) beside ours.
         alpha time + (1 - alpha) traffic to it, a run that misses it within the budgets charged
         alpha T + (1 - alpha) B (Sec. 5.4); Ada-FedSemi's saving against each method.
         DIR/ada_cost.md and DIR/ada_cost.png (bars of the weighted cost).
+    fedjax-semi-ada-table hetero DIR --targets T1,T2 [--time-budget MIN]
+        Figs. 16-17: HeteroAda-FedSemi against Ada-FedSemi, the mean round time, the waiting
+        ratio, the minutes to each target and the paired speed-up (results/ada_hetero.py).
 
 Each seed's run directory (a seed_<s>/ of replicas, or a run) is read as `fedjax-semi-report`
 finds and groups it (`report.grouped_runs`: the seeds of one setting together). Its rows come
@@ -38,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_semi.results.ada_hetero import hetero
 from fedjax_semi.results.ada_runs import (
     _agreed,
     _bad,
@@ -361,10 +365,11 @@ def _floats(flag: str, text: str | None) -> list[float] | None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         prog="fedjax-semi-ada-table",
-        description="Ada-FedSemi's tables: the (P, C) grid (Tables 1-6) or the weighted-cost "
-        "comparison (Figs. 6-8, Table 7), with the paper's numbers beside ours.",
+        description="Ada-FedSemi's tables: the (P, C) grid (Tables 1-6), the weighted-cost "
+        "comparison (Figs. 6-8, Table 7) or HeteroAda against Ada (Figs. 16-17), with the "
+        "paper's numbers beside ours.",
     )
-    ap.add_argument("table", choices=("grid", "cost"))
+    ap.add_argument("table", choices=("grid", "cost", "hetero"))
     ap.add_argument("sweep_dir", type=Path, help="a multirun directory (or any folder of runs)")
     ap.add_argument("--target", type=float, default=None, help="grid: test accuracy (%%)")
     ap.add_argument("--targets", default=None, help="cost: test accuracies (%%), e.g. 75,80")
@@ -376,6 +381,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.table == "grid":
             text = grid(args.sweep_dir, args.target, args.time_budget, args.traffic_budget)
+        elif args.table == "hetero":
+            text = hetero(args.sweep_dir, _floats("--targets", args.targets), args.time_budget)
         else:
             targets = _floats("--targets", args.targets)
             text = cost(
