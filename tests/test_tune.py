@@ -318,11 +318,14 @@ def test_dofed_records_tuned_values_apply_to_the_reading_they_were_tuned_on():
         assert apply(cfg) == applied, (scheme, assignment, alg)
 
 
-def test_cfsl_records_stopping_based_scenarios_take_their_own_lr():
-    # conf/tuned/cfsl_fmnist_record.yaml: lr 0.1 was searched on BMSPGS; each stopping-based
-    # scenario's own search chose 0.05; a command-line lr still wins.
+def test_cfsl_records_each_scenario_takes_its_own_lr():
+    # conf/tuned/cfsl_fmnist_record.yaml: lr 0.1 was searched on BMSPGS; each other scenario's
+    # own search chose 0.1 (BMSPRR, EMSPGS) or 0.05 (EMSPRR, the stopping-based four); a
+    # command-line lr still wins.
     knobs = {"algorithm.bipartition": "complete", "algorithm.kappa2": 1.0}
-    for scenario, lr in [("bmspgs", 0.1), ("emsprr", 0.1), ("bmstgs", 0.05), ("emstrr", 0.05)]:
+    cases = [("bmspgs", 0.1), ("bmsprr", 0.1), ("emspgs", 0.1), ("emsprr", 0.05),
+             ("bmstgs", 0.05), ("emstrr", 0.05)]  # fmt: skip
+    for scenario, lr in cases:
         cfg = compose_real("+experiment=cfsl_fmnist_record", f"algorithm.scenario={scenario}")
         assert apply(cfg) == {"algorithm.lr": lr, **knobs}, scenario
     cfg = compose_real(
