@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("table", choices=("grid", "cost", "hetero"))
     ap.add_argument("sweep_dir", type=Path, help="a multirun directory (or any folder of runs)")
     ap.add_argument("--target", type=float, default=None, help="grid: test accuracy (%%)")
-    ap.add_argument("--targets", default=None, help="cost: test accuracies (%%), e.g. 75,80")
+    ap.add_argument("--targets", default=None, help="cost, hetero: accuracies (%%), e.g. 75,80")
     ap.add_argument("--alpha", type=float, default=None, help="cost: Eq. 10's alpha")
     ap.add_argument("--time-budget", type=float, default=None, help="minutes")
     ap.add_argument("--traffic-budget", type=float, default=None, help="GB")
