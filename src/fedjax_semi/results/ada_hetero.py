@@ -48,7 +48,7 @@ def seed_stats(run: dict, targets: list[float], time_budget: float) -> dict:
             "rows of ada_fedsemi and hetero_ada)"
         )
     evals = [r for r in rows if r.get("accuracy") is not None]
-    base = run_stats(run, targets, time_budget, np.inf)
+    base = run_stats(run, targets, time_budget, np.inf, rows)
     return {
         **base,
         "seed": run["seed"],

@@ -76,11 +76,14 @@ def run_rows(run: dict) -> list[dict]:
     return rows[: end + 1]
 
 
-def run_stats(run: dict, targets: list[float], time_budget: float, traffic_budget: float) -> dict:
+def run_stats(
+    run: dict, targets: list[float], time_budget: float, traffic_budget: float,
+    rows: list[dict] | None = None,
+) -> dict:  # fmt: skip
     """One seed: best test accuracy (%) within the budgets, and per target the (time [min],
     traffic [GB]) at the first round at test accuracy >= target (None if never), the P and C
-    drawn each round."""
-    rows = run_rows(run)
+    drawn each round. `rows`: the run's `run_rows`, when the caller has read them already."""
+    rows = run_rows(run) if rows is None else rows
     evals = [r for r in rows if r.get("accuracy") is not None]
     within = [r for r in evals if r[TIME] <= time_budget and r[TRAFFIC] <= traffic_budget]
     reach = {}

@@ -24,6 +24,7 @@ import json
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -42,7 +43,7 @@ def compose(*overrides: str):
     return compose_tuned(*overrides)[0]
 
 
-def compose_tuned(*overrides: str) -> tuple:
+def compose_tuned(*overrides: str) -> tuple[Any, dict[str, Any]]:
     """(config, {key: tuned value applied}) for these overrides."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
