@@ -106,16 +106,18 @@ def test_a_group_out_of_memory_names_its_size_and_the_setting(tmp_path, monkeypa
 def test_a_group_resumed_from_its_checkpoint_ends_identical(tmp_path):
     """Two rounds, then resume=true to four, against four at once: every job's metrics.jsonl."""
 
-    def group(root: Path, rounds: int, resume: bool) -> vectorized.Group:
+    def jobs(root: Path, rounds: int, resume: bool, lrs=LRS) -> list[vectorized.Job]:
         over = [f"rounds={rounds}", "checkpoint_every=2", f"resume={str(resume).lower()}",
                 "data_seed=0", "writers=[jsonl]"]  # fmt: skip
-        jobs = [
+        return [
             vectorized.Job(
                 i, compose_config(*over, f"algorithm.lr={lr}", f"seed={s}"), root / str(i), []
             )  # fmt: skip
-            for i, (lr, s) in enumerate((lr, s) for lr in LRS for s in (0, 1))
+            for i, (lr, s) in enumerate((lr, s) for lr in lrs for s in (0, 1))
         ]
-        (g,) = vectorized.make_groups(jobs)
+
+    def group(root: Path, rounds: int, resume: bool) -> vectorized.Group:
+        (g,) = vectorized.make_groups(jobs(root, rounds, resume))
         return g
 
     vectorized.run_group(group(tmp_path / "a", 2, False), tmp_path / "a")
@@ -131,6 +133,13 @@ def test_a_group_resumed_from_its_checkpoint_ends_identical(tmp_path):
     # resume=true on a finished group returns its results without training
     again = vectorized.run_group(group(tmp_path / "b", 4, True), tmp_path / "b")
     assert [s["final"] for s in again] == [s["final"] for s in summaries]
+    # a grid point added to the finished sweep: only its jobs are grouped (the launcher trains
+    # them alone), the finished ones come back with their summaries
+    finished, pending = vectorized.split_finished(jobs(tmp_path / "b", 4, True, (*LRS, 0.1)))
+    assert [j.num for j, _ in finished] == [0, 1, 2, 3]
+    assert [s["final"] for _, s in finished] == [s["final"] for s in summaries]
+    assert [j.num for j in pending] == [4, 5]
+    assert vectorized.split_finished(jobs(tmp_path / "b", 4, False))[0] == []  # resume=false
 
 
 def test_a_value_sweep_composes_as_hydra_composes_each_job():
@@ -259,6 +268,15 @@ def test_a_killed_vectorized_group_resumes_to_the_same_metrics(tmp_path):
         resumed = strip(test_golden._rows(killed / str(i)))
         assert [x["round"] for x in resumed] == list(range(1, 31))
         assert resumed == strip(test_golden._rows(full / str(i)))
+    # a third lr added to the finished sweep trains alone; the finished jobs stay as they are
+    before = [(full / str(i) / "metrics.jsonl").read_bytes() for i in range(2)]
+    more = cmd(full, "resume=true")
+    more[more.index(f"algorithm.lr={LRS[0]},{LRS[1]}")] = f"algorithm.lr={LRS[0]},{LRS[1]},0.1"
+    r = subprocess.run(more, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2 jobs already finished (resume=true); 1 jobs in 1 program(s)" in r.stdout + r.stderr
+    assert [(full / str(i) / "metrics.jsonl").read_bytes() for i in range(2)] == before
+    assert len(test_golden._rows(full / "2")) == 30
 
 
 @pytest.mark.slow

@@ -108,6 +108,22 @@ def make_groups(jobs: Sequence[Job], max_group: int | None = None) -> list[Group
     return groups
 
 
+def split_finished(jobs: Sequence[Job]) -> tuple[list[tuple[Job, dict]], list[Job]]:
+    """With resume=true: the jobs whose run is complete (each with its summary) and the jobs
+    still to train. Only the latter are grouped, so a grid point added to a finished sweep
+    trains alone instead of retraining its finished neighbours in one program."""
+    from fedjax_semi.tuned import finished_summary
+
+    finished, pending = [], []
+    for job in jobs:
+        summary = finished_summary(job.cfg, job.out_dir)
+        if summary is None:
+            pending.append(job)
+        else:
+            finished.append((job, summary))
+    return finished, pending
+
+
 def run_group(group: Group, sweep_dir: Path) -> list[dict]:
     """Train the group's jobs as one program and write each job's run directory. Returns each
     job's summary (its summary.json)."""

@@ -102,18 +102,26 @@ class VectorizedLauncher(Launcher):
                 sys.exit(2)
         jobs = [ret.return_value for ret in returns]
         try:
-            groups = vectorized.make_groups(jobs, self.max_group)
+            finished, pending = vectorized.split_finished(jobs)
+            groups = vectorized.make_groups(pending, self.max_group)
             log.info(
-                f"{len(jobs)} jobs in {len(groups)} program(s): "
+                (f"{len(finished)} jobs already finished (resume=true); " if finished else "")
+                + f"{len(pending)} jobs in {len(groups)} program(s): "
                 + "; ".join(f"{len(g.jobs)} jobs, traced {sorted(g.traced) or '-'}" for g in groups)
             )
+
+            def report(job: vectorized.Job, summary: dict) -> None:
+                if job.applied:  # summary.json says which tuned values the job used
+                    record_tuned(job.out_dir, job.applied)
+                ret = returns[job.num - initial_job_idx]
+                ret.return_value = report_job(job.cfg, summary, job.out_dir, job.applied)
+
+            for job, summary in finished:
+                report(job, summary)
             for group in groups:
-                summaries = vectorized.run_group(group, sweep_dir)
-                for job, summary in zip(group.jobs, summaries, strict=True):
-                    if job.applied:  # summary.json says which tuned values the job used
-                        record_tuned(job.out_dir, job.applied)
-                    ret = returns[job.num - initial_job_idx]
-                    ret.return_value = report_job(job.cfg, summary, job.out_dir, job.applied)
+                for job, summary in zip(group.jobs, vectorized.run_group(group, sweep_dir),
+                                        strict=True):  # fmt: skip
+                    report(job, summary)
         except ConfigError as e:
             print(f"fedjax-semi: error: {e}", file=sys.stderr)
             sys.exit(2)
