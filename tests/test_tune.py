@@ -304,18 +304,22 @@ def test_the_app_applies_matching_tuned_values_unless_the_command_line_gives_the
 
 
 def test_dofed_records_tuned_values_apply_to_the_reading_they_were_tuned_on():
-    # conf/tuned/dofed_spp_fmnist_record.yaml was tuned on SUBSET's `balanced` assignment; the
-    # table of record's `even` assignment and NORMAL keep the preset's lr.
+    # conf/tuned/dofed_spp_fmnist_record.yaml was tuned on SUBSET's `balanced` assignment and on
+    # NORMAL's `fixed_total` sizing (Local's NORMAL search not run); the table of record's
+    # `even` assignment, NORMAL's `per_class` sizing and NORMAL's Local keep the preset's lr.
     runs = {
-        ("subset", "balanced", "fedfomo"): {"algorithm.lr": 0.0001},
-        ("subset", "balanced", "dofed_spp"): {"algorithm.lr": 0.01},
-        ("subset", "even", "fedfomo"): {},
-        ("normal", "balanced", "fedfomo"): {},
+        ("subset", "assignment=balanced", "fedfomo"): {"algorithm.lr": 0.0001},
+        ("subset", "assignment=balanced", "dofed_spp"): {"algorithm.lr": 0.01},
+        ("subset", "assignment=even", "fedfomo"): {},
+        ("normal", "size_mode=fixed_total", "fedfomo"): {"algorithm.lr": 0.03},
+        ("normal", "size_mode=fixed_total", "fedbe_cpu"): {"algorithm.lr": 0.03},
+        ("normal", "size_mode=fixed_total", "local"): {},
+        ("normal", "size_mode=per_class", "fedfomo"): {},
     }
-    for (scheme, assignment, alg), applied in runs.items():
-        reading = [f"partition={scheme}", f"partition.dofed.assignment={assignment}"]
-        cfg = compose_real("+experiment=dofed_spp_fmnist_record", *reading, f"algorithm={alg}")
-        assert apply(cfg) == applied, (scheme, assignment, alg)
+    for (scheme, reading, alg), applied in runs.items():
+        over = [f"partition={scheme}", f"partition.dofed.{reading}", f"algorithm={alg}"]
+        cfg = compose_real("+experiment=dofed_spp_fmnist_record", *over)
+        assert apply(cfg) == applied, over
 
 
 def test_cfsl_records_each_scenario_takes_its_own_lr():
