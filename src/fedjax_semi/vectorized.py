@@ -128,12 +128,11 @@ def run_group(group: Group, sweep_dir: Path) -> list[dict]:
     """Train the group's jobs as one program and write each job's run directory. Returns each
     job's summary (its summary.json)."""
     from fedjax_semi import experiment
-    from fedjax_semi.tuned import finished_summary
 
     first = group.jobs[0].cfg
-    done = [finished_summary(j.cfg, j.out_dir) for j in group.jobs]
-    if all(d is not None for d in done):  # resume=true on a finished group: its results
-        return done
+    finished, pending = split_finished(group.jobs)
+    if not pending:  # resume=true on a finished group: its results
+        return [summary for _, summary in finished]
     exp = experiment.build(first)
     out = Path(sweep_dir) / "groups" / group.id
     out.mkdir(parents=True, exist_ok=True)
