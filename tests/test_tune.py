@@ -305,15 +305,15 @@ def test_the_app_applies_matching_tuned_values_unless_the_command_line_gives_the
 
 def test_dofed_records_tuned_values_apply_to_the_reading_they_were_tuned_on():
     # conf/tuned/dofed_spp_fmnist_record.yaml was tuned on SUBSET's `balanced` assignment and on
-    # NORMAL's `fixed_total` sizing (Local's NORMAL search not run); the table of record's
-    # `even` assignment, NORMAL's `per_class` sizing and NORMAL's Local keep the preset's lr.
+    # NORMAL's `fixed_total` sizing; the table of record's `even` assignment and NORMAL's
+    # `per_class` sizing keep the preset's lr.
     runs = {
         ("subset", "assignment=balanced", "fedfomo"): {"algorithm.lr": 0.0001},
         ("subset", "assignment=balanced", "dofed_spp"): {"algorithm.lr": 0.01},
         ("subset", "assignment=even", "fedfomo"): {},
         ("normal", "size_mode=fixed_total", "fedfomo"): {"algorithm.lr": 0.03},
         ("normal", "size_mode=fixed_total", "fedbe_cpu"): {"algorithm.lr": 0.03},
-        ("normal", "size_mode=fixed_total", "local"): {},
+        ("normal", "size_mode=fixed_total", "local"): {"algorithm.lr": 0.03},
         ("normal", "size_mode=per_class", "fedfomo"): {},
     }
     for (scheme, reading, alg), applied in runs.items():
