@@ -188,6 +188,37 @@ def test_a_missing_trial_is_the_only_one_to_run(conf, tmp_path, capsys):
     assert "resume=true" in out and "hydra.sweep.subdir=${hydra.job.override_dirname}" in out
 
 
+def test_a_new_grid_axis_reuses_the_trials_run_at_its_value(conf, tmp_path, capsys):
+    # The four trials predate an algorithm.local_epochs axis and ran at 1 (run_config.json):
+    # they answer for the points local_epochs=1, and only local_epochs=2 is left to run.
+    fake_sweep(tmp_path)
+    for d in (tmp_path / "sweep").iterdir():
+        (d / "run_config.json").write_text(json.dumps({"algorithm": {"local_epochs": 1}}))
+    grid = ["--grid", "algorithm.lr=0.03,0.3", "--grid", "algorithm.local_epochs=1,2"]
+    tune(conf, tmp_path, *grid, "--dry-run")
+    out = capsys.readouterr().out
+    assert "8 trials on partition.holdout=0.2; 4 to run" in out
+    assert "algorithm.local_epochs=2 " in out  # the launch leaves out the points already run
+    # An explicit trial wins over the stand-in; a value the old trials did not run at (3) is not
+    # theirs.
+    for alg, lr in VALUES:
+        for e, v in (("1", 0.1), ("2", 0.05)):
+            ov = [f"algorithm={alg}", "seed=0", "partition.holdout=0.2", f"algorithm.lr={lr}"]
+            fake_trial(
+                tmp_path / "sweep", f"{alg}-{lr}-e{e}", [*ov, f"algorithm.local_epochs={e}"], v
+            )
+    assert tune(conf, tmp_path, *grid) == 0
+    assert "0 to run" in capsys.readouterr().out
+    record = json.loads((tmp_path / "sweep" / "tuned.json").read_text())
+    points = [p for r in record["rows"] for p in r["points"]]
+    assert len(points) == 8
+    for p in points:
+        assert p["dirs"][0].endswith("-e" + p["point"]["algorithm.local_epochs"])
+    tune(conf, tmp_path, "--grid", "algorithm.lr=0.03", "--grid", "algorithm.local_epochs=3",
+         "--dry-run")  # fmt: skip
+    assert "2 trials on partition.holdout=0.2; 2 to run" in capsys.readouterr().out
+
+
 def test_bad_flags_are_one_line_before_any_work(conf, tmp_path, capsys):
     cases = [
         (["--holdout", "0.7"], "--holdout='0.7' is not allowed: a share in (0, 0.5]"),

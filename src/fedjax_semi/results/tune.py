@@ -284,14 +284,39 @@ def _text(value: Any) -> str:
 
 
 def scan(plan: Plan) -> dict[frozenset, Path]:
-    """Trial identity -> run directory, for every trial directory under the sweep dir."""
+    """Trial identity -> run directory, for every trial directory under the sweep dir.
+
+    A trial run before a grid key joined the search (its overrides lack the key) also answers
+    for the grid point where that key takes the value the trial ran at (its run_config.json),
+    so adding an axis whose grid holds the current value reruns nothing. An explicit trial
+    wins over such a stand-in."""
     import yaml
 
-    found = {}
+    found, implied = {}, {}
     for path in plan.sweep_dir.glob("*/.hydra/overrides.yaml"):
         overrides = yaml.safe_load(path.read_text()) or []
-        found[trial_id(overrides, plan.constant_keys())] = path.parent.parent
-    return found
+        run_dir = path.parent.parent
+        tid = trial_id(overrides, plan.constant_keys())
+        found[tid] = run_dir
+        absent = [k for k in plan.grid if k not in {k for k, _ in tid}]
+        ran = _ran_at(run_dir, absent)
+        if absent and ran is not None:
+            implied.setdefault(tid | frozenset(ran.items()), run_dir)
+    return {**implied, **found}
+
+
+def _ran_at(run_dir: Path, keys: list[str]) -> dict[str, str] | None:
+    """The values `keys` (dotted) took in the run (run_config.json), as grid strings; None
+    when the file or a key is missing."""
+    from fedjax_semi.run_config import RUN_CONFIG, flat_keys
+
+    try:
+        flat = flat_keys(json.loads((run_dir / RUN_CONFIG).read_text()))
+    except (OSError, ValueError):
+        return None
+    if not all(k in flat for k in keys):
+        return None
+    return {k: _text(flat[k]) for k in keys}
 
 
 def _done(run_dir: Path | None, rounds: int) -> bool:
@@ -316,15 +341,20 @@ def launches(plan: Plan, jobs: int, launcher: str) -> list[tuple[list[str], int]
     for members in groups.values():
         for rows in _products([plan.rows[r] for r in members], members):
             for setting in plan.settings[rows[0]]:
-                missing = sum(
-                    not _done(found.get(trial_id({**plan.rows[r], **p, "seed": str(s)}, const)),
-                              plan.rounds[r])
+                missing = [
+                    p
                     for r in rows
                     for p, s in plan.trials(r)
                     if all(p.get(k) == v for k, v in setting.items())
-                )  # fmt: skip
+                    and not _done(found.get(trial_id({**plan.rows[r], **p, "seed": str(s)}, const)),
+                                  plan.rounds[r])
+                ]  # fmt: skip
                 if missing:
-                    out.append((_command(plan, rows, setting, jobs, launcher), missing))
+                    # Only the grid values some missing trial needs: a point answered by an
+                    # older trial (scan) is not launched again under a new directory name.
+                    grid = {k: [v for v in vs if any(p[k] == v for p in missing)]
+                            for k, vs in plan.grid.items()}  # fmt: skip
+                    out.append((_command(plan, rows, setting, grid, jobs, launcher), len(missing)))
     return out
 
 
@@ -338,7 +368,12 @@ def _products(rows: list[dict[str, str]], ids: list[int]) -> list[list[int]]:
 
 
 def _command(
-    plan: Plan, rows: list[int], setting: dict[str, str], jobs: int, launcher: str
+    plan: Plan,
+    rows: list[int],
+    setting: dict[str, str],
+    grid: dict[str, list[str]],
+    jobs: int,
+    launcher: str,
 ) -> list[str]:
     first = plan.rows[rows[0]]
     axes = {k: list(dict.fromkeys(plan.rows[r][k] for r in rows)) for k in first}
@@ -351,7 +386,7 @@ def _command(
         f"hydra.job.config.override_dirname.exclude_keys=[{exclude}]",
         *(f"{k}={','.join(v)}" for k, v in axes.items()),
         *(f"{k}={v}" for k, v in setting.items()),
-        *(f"{k}={','.join(v)}" for k, v in plan.grid.items()),
+        *(f"{k}={','.join(v)}" for k, v in grid.items()),
         f"seed={','.join(map(str, plan.seeds))}",
     ]  # fmt: skip
     if launcher != "basic":
