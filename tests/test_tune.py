@@ -369,6 +369,17 @@ def test_cfsl_records_each_scenario_takes_its_own_lr():
     assert apply(cfg) == knobs and cfg.algorithm.lr == 0.3
 
 
+def test_fedmds_tuned_lr_reaches_every_phase_of_its_record():
+    # conf/tuned/cofed_fmnist_hard_fedmd_record.yaml sets one lr per split; the preset ties the
+    # digest and fine-tuning lrs to it, so they must follow the tuned value, not the default.
+    for variant, lr in (("iid", 0.003), ("noniid", 0.0003)):
+        over = ["+experiment=cofed_fmnist_hard_fedmd_record", f"partition.cofed.variant={variant}"]
+        cfg = compose_real(*over)
+        assert apply(cfg) == {"algorithm.lr": lr}, variant
+        a = cfg.algorithm
+        assert (a.lr, a.digest_lr, a.finetune_lr) == (lr, lr, lr), variant
+
+
 def test_a_stale_or_malformed_tuned_file_is_one_line(conf):
     for entries, needle in [
         ([{"where": {"algorithm.nope": 1}, "set": {"algorithm.lr": 0.1}}], "algorithm.nope"),
