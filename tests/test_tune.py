@@ -193,7 +193,8 @@ def test_a_new_grid_axis_reuses_the_trials_run_at_its_value(conf, tmp_path, caps
     # they answer for the points local_epochs=1, and only local_epochs=2 is left to run.
     fake_sweep(tmp_path)
     for d in (tmp_path / "sweep").iterdir():
-        (d / "run_config.json").write_text(json.dumps({"algorithm": {"local_epochs": 1}}))
+        # 1.0: the same number as the grid's "1", spelled as a float.
+        (d / "run_config.json").write_text(json.dumps({"algorithm": {"local_epochs": 1.0}}))
     grid = ["--grid", "algorithm.lr=0.03,0.3", "--grid", "algorithm.local_epochs=1,2"]
     tune(conf, tmp_path, *grid, "--dry-run")
     out = capsys.readouterr().out

@@ -301,6 +301,7 @@ def scan(plan: Plan) -> dict[frozenset, Path]:
         absent = [k for k in plan.grid if k not in {k for k, _ in tid}]
         ran = _ran_at(run_dir, absent)
         if absent and ran is not None:
+            ran = {k: _as_grid_value(plan.grid[k], v) for k, v in ran.items()}
             implied.setdefault(tid | frozenset(ran.items()), run_dir)
     return {**implied, **found}
 
@@ -317,6 +318,17 @@ def _ran_at(run_dir: Path, keys: list[str]) -> dict[str, str] | None:
     if not all(k in flat for k in keys):
         return None
     return {k: _text(flat[k]) for k in keys}
+
+
+def _as_grid_value(grid: list[str], ran: str) -> str:
+    """`ran` spelled as the grid spells it when they are the same number (0.0 and 0)."""
+    for v in grid:
+        try:
+            if float(v) == float(ran):
+                return v
+        except ValueError:
+            continue
+    return ran
 
 
 def _done(run_dir: Path | None, rounds: int) -> bool:
