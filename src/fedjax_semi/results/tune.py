@@ -298,31 +298,30 @@ def scan(plan: Plan) -> dict[frozenset, Path]:
         run_dir = path.parent.parent
         tid = trial_id(overrides, plan.constant_keys())
         found[tid] = run_dir
-        absent = [k for k in plan.grid if k not in {k for k, _ in tid}]
-        ran = _ran_at(run_dir, absent)
-        if absent and ran is not None:
-            ran = {k: _as_grid_value(plan.grid[k], v) for k, v in ran.items()}
+        named = {k for k, _ in tid}
+        absent = {k: vs for k, vs in plan.grid.items() if k not in named}
+        ran = _ran_at(run_dir, absent) if absent else None
+        if ran is not None:
             implied.setdefault(tid | frozenset(ran.items()), run_dir)
     return {**implied, **found}
 
 
-def _ran_at(run_dir: Path, keys: list[str]) -> dict[str, str] | None:
-    """The values `keys` (dotted) took in the run (run_config.json), as grid strings; None
-    when the file or a key is missing."""
+def _ran_at(run_dir: Path, grid: dict[str, list[str]]) -> dict[str, str] | None:
+    """The values the grid's keys took in the run (run_config.json), spelled as the grid
+    spells the same number (0.0 as 0); None when the file or a key is missing."""
     from fedjax_semi.run_config import RUN_CONFIG, flat_keys
 
     try:
         flat = flat_keys(json.loads((run_dir / RUN_CONFIG).read_text()))
     except (OSError, ValueError):
         return None
-    if not all(k in flat for k in keys):
+    if not all(k in flat for k in grid):
         return None
-    return {k: _text(flat[k]) for k in keys}
+    return {k: _grid_spelling(vs, _text(flat[k])) for k, vs in grid.items()}
 
 
-def _as_grid_value(grid: list[str], ran: str) -> str:
-    """`ran` spelled as the grid spells it when they are the same number (0.0 and 0)."""
-    for v in grid:
+def _grid_spelling(values: list[str], ran: str) -> str:
+    for v in values:
         try:
             if float(v) == float(ran):
                 return v
