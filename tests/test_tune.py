@@ -336,13 +336,14 @@ def test_the_app_applies_matching_tuned_values_unless_the_command_line_gives_the
 
 
 def test_dofed_records_tuned_values_apply_to_the_reading_they_were_tuned_on():
-    # conf/tuned/dofed_spp_fmnist_record.yaml was tuned on SUBSET's `balanced` assignment and on
-    # NORMAL's `fixed_total` sizing; the table of record's `even` assignment and NORMAL's
-    # `per_class` sizing keep the preset's lr.
+    # conf/tuned/dofed_spp_fmnist_record.yaml was tuned on SUBSET's `balanced` and `even`
+    # assignments and on NORMAL's `fixed_total` sizing; NORMAL's `per_class` sizing keeps the
+    # preset's lr.
     runs = {
         ("subset", "assignment=balanced", "fedfomo"): {"algorithm.lr": 0.0001},
         ("subset", "assignment=balanced", "dofed_spp"): {"algorithm.lr": 0.01},
-        ("subset", "assignment=even", "fedfomo"): {},
+        ("subset", "assignment=even", "fedfomo"): {"algorithm.lr": 0.0001},
+        ("subset", "assignment=even", "fedavg"): {"algorithm.lr": 0.01},
         ("normal", "size_mode=fixed_total", "fedfomo"): {"algorithm.lr": 0.03},
         ("normal", "size_mode=fixed_total", "fedbe_cpu"): {"algorithm.lr": 0.03},
         ("normal", "size_mode=fixed_total", "local"): {"algorithm.lr": 0.03},
@@ -352,6 +353,11 @@ def test_dofed_records_tuned_values_apply_to_the_reading_they_were_tuned_on():
         over = [f"partition={scheme}", f"partition.dofed.{reading}", f"algorithm={alg}"]
         cfg = compose_real("+experiment=dofed_spp_fmnist_record", *over)
         assert apply(cfg) == applied, over
+    # `even` is the partition's default: the entry matches the value, not the override
+    cfg = compose_real(
+        "+experiment=dofed_spp_fmnist_record", "partition=subset", "algorithm=fedbe_cpu"
+    )
+    assert apply(cfg) == {"algorithm.lr": 0.03}
 
 
 def test_cfsl_records_each_scenario_takes_its_own_lr():
