@@ -422,3 +422,43 @@ def test_sweep_applies_the_presets_tuned_values_as_the_app_does(tmp_path):
     assert (cfg.algorithm.lr, cfg.algorithm.update_lr, applied) == (0.001, 0.001, {})
     cfg, applied = compose_tuned(*base, "partition.cofed.variant=noniid", "algorithm.lr=0.01")
     assert (cfg.algorithm.lr, cfg.algorithm.update_lr, applied) == (0.01, 0.01, {})
+
+
+def test_sweep_table_against_local_models_of_their_own_recipe(tmp_path, capsys):
+    """--local-from: each participant's ratio is taken against the reference sweep's Step 1
+    model of the same seed and split (numbers chosen by hand), and --paired-to pairs seeds."""
+    from fedjax_semi.results import cofed_sweep as sweep
+
+    def row(seed, variant, acc, local):
+        return {
+            "model_pool": "table1",
+            "variant": variant,
+            "alpha": 0.3,
+            "public_size": 100,
+            "seed": seed,
+            "num_clients": 2,
+            "accuracy": sum(acc) / 2,
+            "local_acc": sum(local) / 2,
+            "client_acc": acc,
+            "client_local_acc": local,
+        }
+
+    cofed = [row(0, "iid", [0.8, 0.6], [0.7, 0.7]), row(0, "noniid", [0.9, 0.9], [0.5, 0.5])]
+    local = [row(0, "iid", [0.0, 0.0], [0.8, 0.5]), row(0, "noniid", [0.0, 0.0], [0.6, 0.9])]
+    out = sweep.against_local(cofed, local)
+    assert out[0]["client_rel_acc"] == pytest.approx([1.0, 1.2])
+    assert (out[0]["rel_acc"], out[0]["rel_acc_min"], out[0]["improved_frac"]) == pytest.approx(
+        (1.1, 1.0, 0.5)
+    )
+    assert (out[0]["local_acc"], out[0]["local_acc_same_run"]) == pytest.approx((0.65, 0.7))
+    assert out[1]["rel_acc"] == pytest.approx((1.5 + 1.0) / 2)
+    text = sweep.paired(out, ("variant", "alpha"), "variant=iid", "rel_acc")
+    assert "| noniid | 0.3 | 1 | 0.150 ± 0.000 | 1/1 |" in text
+    with pytest.raises(SystemExit, match="seed 0, noniid"):
+        sweep.against_local(cofed, local[:1])
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("\n".join(map(json.dumps, cofed)))
+    b.write_text("\n".join(map(json.dumps, local)))
+    sweep.main(["--table", str(a), "--local-from", str(b), "--paired-to", "variant=iid"])
+    text = capsys.readouterr().out
+    assert "| table1 | noniid | 0.3 | 100 | 1 | 0.150 ± 0.000 | 1/1 |" in text

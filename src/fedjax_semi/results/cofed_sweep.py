@@ -143,6 +143,7 @@ def sweep_one(
             **in_space_scores(m["pl_label"], m["pl_index"], owns, exp.fed.eval_y),
             "client_acc": ev["client_acc"].tolist(),
             "client_rel_acc": ev["client_rel_acc"].tolist(),
+            "client_local_acc": ev["client_local_acc"].tolist(),
             "steps12_s": t_steps12,
             "steps34_s": time.perf_counter() - t0,
             "overrides": overrides,
@@ -150,6 +151,66 @@ def sweep_one(
         }
         rows.append(row)
     return rows
+
+
+def against_local(rows: list[dict], reference: list[dict]) -> list[dict]:
+    """`rows` with their local-only side taken from `reference`: the Step 1 models of another
+    sweep of the same seeds and splits, trained with the local-only models' own tuned recipe
+    (Fig. 2 compares acc(CoFED) with acc(local only), each model tuned for itself). Step 1 does
+    not depend on the center, so any reference row of the (seed, variant) serves. Per
+    participant: rel = client_acc / reference client_local_acc [C]; the run's own Step 1 mean
+    stays as `local_acc_same_run`."""
+    ref: dict[tuple, np.ndarray] = {}
+    for r in reference:
+        if "client_local_acc" not in r:
+            raise SystemExit(f"--local-from: a row of seed {r['seed']} has no client_local_acc")
+        ref.setdefault(
+            (r["seed"], r["variant"], r["num_clients"]), np.asarray(r["client_local_acc"])
+        )
+    out = []
+    for r in rows:
+        key = (r["seed"], r["variant"], r["num_clients"])
+        if "client_acc" not in r or key not in ref:
+            raise SystemExit(f"--local-from has no local-only models for seed {key[0]}, {key[1]}")
+        rel = np.asarray(r["client_acc"]) / np.maximum(ref[key], 1e-12)
+        out.append(
+            {
+                **r,
+                "local_acc_same_run": r["local_acc"],
+                "local_acc": float(ref[key].mean()),
+                "rel_acc": float(rel.mean()),
+                "rel_acc_min": float(rel.min()),
+                "rel_acc_max": float(rel.max()),
+                "improved_frac": float(np.mean(rel > 1.0)),
+                "client_rel_acc": rel.tolist(),
+            }
+        )
+    return out
+
+
+def paired(rows: list[dict], by: tuple[str, ...], against: str, metric: str) -> str:
+    """Markdown: per setting, mean ± std over seeds of `metric` minus its value in the row that
+    differs only in `against` ("variant=iid"), with the seeds where the difference is > 0."""
+    key, value = against.split("=", 1)
+    base = {
+        (*(r[k] for k in by if k != key), r["seed"]): r[metric]
+        for r in rows
+        if str(r[key]) == value
+    }
+    diffs: dict[tuple, list[float]] = defaultdict(list)
+    for r in rows:
+        b = base.get((*(r[k] for k in by if k != key), r["seed"]))
+        if str(r[key]) != value and b is not None:
+            diffs[tuple(r[k] for k in by)].append(r[metric] - b)
+    lines = [
+        f"| {' | '.join(by)} | seeds | {metric} minus {against} | above |",
+        "|" + "---|" * (len(by) + 3),
+    ]
+    for k in sorted(diffs):
+        d = diffs[k]
+        above = f"{sum(x > 0 for x in d)}/{len(d)}"
+        lines.append(f"| {' | '.join(map(str, k))} | {len(d)} | {mean_std(d)} | {above} |")
+    return "\n".join(lines)
 
 
 def mean_std(values: list[float]) -> str:
@@ -228,6 +289,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="cofed_sweep.jsonl")
     ap.add_argument("--table", help="print the tables of a sweep's JSON lines and exit")
     ap.add_argument("--plot", help="with --table: also draw Fig. 6-8 into this PNG")
+    ap.add_argument(
+        "--local-from",
+        help="with --table: a sweep of the same seeds whose Step 1 (local-only) models the "
+        "relative accuracy is taken against (their own tuned recipe)",
+    )
+    ap.add_argument("--paired-to", help="with --table: e.g. variant=iid, the paired rel_acc gap")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     if args.table:
@@ -239,7 +306,15 @@ def main(argv: list[str] | None = None) -> None:
         counted = [r for r in rows if r.get("counts_only")]
         by = ("model_pool", "variant", "alpha", "public_size")
         in_space = ("pl_acc", "pl_acc_in_space", "in_space_share")
+        if args.local_from:
+            lines = Path(args.local_from).read_text().splitlines()
+            reference = [json.loads(line) for line in lines if line]
+            trained = against_local(trained, [r for r in reference if not r.get("counts_only")])
+            in_space += ("local_acc_same_run",)
         print(table(trained, by, METRICS + COUNTS + in_space))
+        if args.paired_to:
+            print()
+            print(paired(trained, by, args.paired_to, "rel_acc"))
         if counted:
             print()
             print(table(counted, by, COUNTS + in_space))
