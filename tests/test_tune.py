@@ -69,7 +69,7 @@ VALUES = {  # (algorithm, lr) -> final accuracy of seed 0
     ("fedavg", "0.03"): 0.5,
     ("fedavg", "0.3"): 0.7,
     ("local", "0.03"): 0.6,
-    ("local", "0.3"): 0.6,  # a tie: the smaller lr wins
+    ("local", "0.3"): 0.6 + 6e-8,  # a tie at float32 resolution (one ulp): the smaller lr wins
 }
 
 

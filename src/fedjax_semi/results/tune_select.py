@@ -2,7 +2,8 @@
 
 Selection: per row, the grid point with the best mean over the tuning seeds of the metric (its
 final value, or the mean of its last K evaluations); a point with a missing or diverged seed is
-not a candidate; equal means go to the smaller lr, then to the earlier point of the grid.
+not a candidate; equal means (to 6 significant digits: float32 metrics) go to the smaller lr,
+then to the earlier point of the grid.
 """
 
 from __future__ import annotations
@@ -122,8 +123,10 @@ def select(plan: Plan, results: list[list[PointResult]], minimize: bool = False)
             choices.append(Choice(row, None, None))
             continue
         sign = 1.0 if minimize else -1.0
+        # Means equal to 6 significant digits tie: the metrics are float32 (about 7 digits), so
+        # a gap of an ulp or two is summation order, not a better point.
         i, best = min(
-            cands, key=lambda c: (sign * round(c[1].mean, 12), float(c[1].point[LR]), c[0])
+            cands, key=lambda c: (sign * float(f"{c[1].mean:.6g}"), float(c[1].point[LR]), c[0])
         )
         choices.append(Choice(row, best.point, best.mean))
     return choices
