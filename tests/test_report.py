@@ -238,3 +238,20 @@ def test_counts_print_as_logged_and_default_tokens_are_vacuous_where_a_key_never
     assert "difference (as logged)" in paired and "| +510 ± 0 | 2/2 |" in paired
     with pytest.raises(ValueError, match="matches 0"):
         paired_table(tmp_path, "comm_cost", ["algorithm=ref", "algorithm.corr_form=complement"])
+
+
+def test_runs_with_the_same_overrides_but_other_settings_are_not_pooled(tmp_path):
+    """Two sweeps of `algorithm=ada` whose tuned file changed between them (run_config.json
+    says psi 30 in one, psi 10 and beta 0.3 in the other) are two rows, labelled by the keys
+    that differ; seeds of one setting (and the result-neutral keys, here `rounds`) still pool."""
+    runs = {"old": ({"psi": 30.0, "beta": 0.1}, 0.6), "new": ({"psi": 10.0, "beta": 0.3}, 0.7)}
+    for name, (alg, acc) in runs.items():
+        for seed in (0, 1):
+            d = tmp_path / name / f"seed_{seed}"
+            _run(d, ["algorithm=ada", f"seed={seed}"], lambda t, a=acc: a)
+            cfg = {"algorithm": {"name": "ada", **alg}, "seed": seed, "rounds": 10 + seed}
+            (d / "run_config.json").write_text(json.dumps(cfg))
+    text = report(tmp_path, ["personal_acc"])
+    assert "| algorithm.beta=0.1 algorithm.psi=30.0 x | 2 | 60.00 ± 0.00" in text
+    assert "| algorithm.beta=0.3 algorithm.psi=10.0 x | 2 | 70.00 ± 0.00" in text
+    assert "rounds=" not in text and "seed=" not in text

@@ -30,6 +30,7 @@ import numpy as np
 import yaml
 
 from fedjax_semi.results.gates import Gates, judge, mechanism_names, mechanism_values, summary_line
+from fedjax_semi.run_config import RUN_CONFIG, flat_keys, result_neutral
 
 SEED_KEYS = ("seed",)
 
@@ -61,6 +62,7 @@ def find_runs(root: Path) -> list[dict]:
         runs.append(
             {
                 "dir": d,
+                "settings": _run_settings(d),
                 "seed": str(seed) if seed is not None else (seeds[0] if seeds else None),
                 "summary": json.loads(summary_path.read_text()),
                 "config": cfg or {},
@@ -70,6 +72,20 @@ def find_runs(root: Path) -> list[dict]:
             }
         )
     return runs
+
+
+def _run_settings(d: Path) -> dict:
+    """The settings the run ran at (its run_config.json, or its replica parent's), flattened,
+    without the seeds and the keys that never change a result (run_config.result_neutral):
+    what tells apart runs whose overrides agree but whose tuned files did not."""
+    for f in (d / RUN_CONFIG, d.parent / RUN_CONFIG):
+        if f.exists():
+            flat = flat_keys(json.loads(f.read_text()))
+            return {
+                k: v for k, v in flat.items()
+                if k not in ("seed", "data_seed", "replicas") and not result_neutral(k)
+            }  # fmt: skip
+    return {}
 
 
 def _split(override: str) -> tuple[str, str]:
@@ -88,7 +104,24 @@ def _settings(runs: list[dict]) -> list[str]:
         parts = [o for o in r["overrides"] if _split(o)[0] in varying]
         parts = sorted(parts + [f"{k}=default" for k in varying - kv.keys()])
         labels.append(" ".join(parts) or str(r["summary"].get("algorithm", r["dir"].name)))
-    return labels
+    return _split_by_settings(runs, labels)
+
+
+def _split_by_settings(runs: list[dict], labels: list[str]) -> list[str]:
+    """Runs that share a label but ran at different settings (a tuned file changed between
+    them, say) get the keys that differ within the label, as `key=value` in place of a
+    `key=default` token, so no row pools them."""
+    out = list(labels)
+    for label in set(labels):
+        idx = [i for i, lab in enumerate(labels) if lab == label]
+        flats = [runs[i].get("settings", {}) for i in idx]
+        keys = sorted({k for f in flats for k in f if len({repr(g.get(k)) for g in flats}) > 1})
+        if not keys:
+            continue
+        kept = [t for t in label.split(" ") if _split(t)[0] not in keys]
+        for i, f in zip(idx, flats, strict=True):
+            out[i] = " ".join(sorted(kept + [f"{k}={f.get(k)}" for k in keys]))
+    return out
 
 
 def grouped_runs(root: Path) -> dict[str, list[dict]]:
