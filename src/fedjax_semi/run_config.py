@@ -6,8 +6,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fedjax_semi.config import Config, bad
+from fedjax_semi.errors import bad
+
+if TYPE_CHECKING:  # the results tools read run_config.json without importing jax through Config
+    from fedjax_semi.config import Config
 
 # The settings a run was started with, compared on resume=true (written by every run, the
 # replicas' too, and by runs started from Python; Hydra's .hydra/ is not in out_dir).
