@@ -270,6 +270,25 @@ def test_knobs_need_rows_with_equal_knob_grids(conf, tmp_path, capsys):
     assert "algorithm.pl_threshold=0.8" in out and "algorithm.pl_threshold=0.95" in out
 
 
+def test_knobs_reuse_the_trials_run_before_them_at_their_setting(conf, tmp_path, capsys):
+    # Two FixAvg trials ran before --knobs, at pl_threshold 0.95 (run_config.json): they answer
+    # for the 0.95 setting, and only the 0.8 setting is left to run.
+    d, _ = conf
+    (d / "experiment" / "tiny_table.yaml").write_text(PRESET.format(rows="fedavg,fixavg"))
+    for lr in ("0.01", "0.1"):
+        ov = ["algorithm=fixavg", "seed=0", "partition.holdout=0.2", f"algorithm.lr={lr}"]
+        trial = fake_trial(tmp_path / "sweep", f"fixavg-{lr}", ov, 0.5)
+        # A key of another method's knobs is absent from this run's config: left out.
+        config = {"algorithm": {"pl_threshold": 0.95, "lr": float(lr)}}
+        (trial / "run_config.json").write_text(json.dumps(config))
+    flags = ("--knobs", "--rows", "algorithm=fixavg", "--grid", "algorithm.lr=0.01,0.1")
+    assert tune(conf, tmp_path, *flags, "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "4 trials on partition.holdout=0.2; 2 to run" in out
+    launch = out.splitlines()[-1]
+    assert "algorithm.pl_threshold=0.8" in launch and "0.95" not in launch
+
+
 def test_sensitive_knobs_are_valid_settings_of_their_methods():
     """Every method's two settings name knobs of its own config with values it accepts."""
     from fedjax_semi.algorithms import ALGORITHM_CONFIGS
