@@ -271,22 +271,28 @@ def test_knobs_need_rows_with_equal_knob_grids(conf, tmp_path, capsys):
 
 
 def test_knobs_reuse_the_trials_run_before_them_at_their_setting(conf, tmp_path, capsys):
-    # Two FixAvg trials ran before --knobs, at pl_threshold 0.95 (run_config.json): they answer
-    # for the 0.95 setting, and only the 0.8 setting is left to run.
+    # A FixAvg and a UM-pFSSL trial per lr ran before --knobs (run_config.json): FixAvg's at
+    # pl_threshold 0.95, UM-pFSSL's at corr_form inverse. They answer for those settings, and
+    # only the other setting of each row is left to run. UM-pFSSL's config also holds a
+    # pl_threshold (null), FixAvg's knob: it must not enter the UM-pFSSL trial's identity.
     d, _ = conf
-    (d / "experiment" / "tiny_table.yaml").write_text(PRESET.format(rows="fedavg,fixavg"))
-    for lr in ("0.01", "0.1"):
-        ov = ["algorithm=fixavg", "seed=0", "partition.holdout=0.2", f"algorithm.lr={lr}"]
-        trial = fake_trial(tmp_path / "sweep", f"fixavg-{lr}", ov, 0.5)
-        # A key of another method's knobs is absent from this run's config: left out.
-        config = {"algorithm": {"pl_threshold": 0.95, "lr": float(lr)}}
-        (trial / "run_config.json").write_text(json.dumps(config))
-    flags = ("--knobs", "--rows", "algorithm=fixavg", "--grid", "algorithm.lr=0.01,0.1")
+    (d / "experiment" / "tiny_table.yaml").write_text(PRESET.format(rows="fixavg,um_pfssl"))
+    ran = {
+        "fixavg": {"pl_threshold": 0.95},
+        "um_pfssl": {"corr_form": "inverse", "pl_threshold": None},
+    }
+    for alg, config in ran.items():
+        for lr in ("0.01", "0.1"):
+            ov = [f"algorithm={alg}", "seed=0", "partition.holdout=0.2", f"algorithm.lr={lr}"]
+            trial = fake_trial(tmp_path / "sweep", f"{alg}-{lr}", ov, 0.5)
+            (trial / "run_config.json").write_text(json.dumps({"algorithm": config}))
+    flags = ("--knobs", "--grid", "algorithm.lr=0.01,0.1")
     assert tune(conf, tmp_path, *flags, "--dry-run") == 0
     out = capsys.readouterr().out
-    assert "4 trials on partition.holdout=0.2; 2 to run" in out
-    launch = out.splitlines()[-1]
-    assert "algorithm.pl_threshold=0.8" in launch and "0.95" not in launch
+    assert "8 trials on partition.holdout=0.2; 4 to run" in out
+    launches = "\n".join(line for line in out.splitlines() if "fedjax-semi -m" in line)
+    assert "algorithm.pl_threshold=0.8" in launches and "algorithm.corr_form=complement" in launches
+    assert "0.95" not in launches and "inverse" not in launches
 
 
 def test_sensitive_knobs_are_valid_settings_of_their_methods():

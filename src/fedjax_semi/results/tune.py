@@ -289,8 +289,8 @@ def scan(plan: Plan) -> dict[frozenset, Path]:
     A trial run before a grid key joined the search (its overrides lack the key) also answers
     for the grid point where that key takes the value the trial ran at (its run_config.json),
     so adding an axis whose grid holds the current value reruns nothing. The same holds for
-    --knobs: a trial run before them answers for the knob setting it ran at (a knob its method
-    lacks is left out). An explicit trial wins over such a stand-in."""
+    --knobs: a trial run before them answers for the knob setting it ran at (each row's knob
+    keys tried in turn). An explicit trial wins over such a stand-in."""
     import yaml
 
     knobs: dict[str, list[str]] = {}
@@ -298,6 +298,10 @@ def scan(plan: Plan) -> dict[frozenset, Path]:
         for setting in row_settings:
             for k, v in setting.items():
                 knobs.setdefault(k, []).append(v)
+    # One row's knob keys at a time: a run's config may hold another method's knob key too
+    # (UM-pFSSL's pl_threshold: null), which must not enter its identity.
+    knob_sets = {frozenset(s) for row_settings in plan.settings for s in row_settings}
+    knob_sets = knob_sets or {frozenset()}
     found, implied = {}, {}
     for path in plan.sweep_dir.glob("*/.hydra/overrides.yaml"):
         overrides = yaml.safe_load(path.read_text()) or []
@@ -305,31 +309,26 @@ def scan(plan: Plan) -> dict[frozenset, Path]:
         tid = trial_id(overrides, plan.constant_keys())
         found[tid] = run_dir
         named = {k for k, _ in tid}
-        grid = {k: vs for k, vs in plan.grid.items() if k not in named}
-        knob = {k: vs for k, vs in knobs.items() if k not in named}
-        if not grid and not knob:
-            continue
-        ran = _ran_at(run_dir, grid, knob)
-        if ran is not None:
-            implied.setdefault(tid | frozenset(ran.items()), run_dir)
+        for keys in knob_sets:
+            absent = {k: vs for k, vs in plan.grid.items() if k not in named}
+            absent |= {k: knobs[k] for k in keys if k not in named}
+            ran = _ran_at(run_dir, absent) if absent else None
+            if ran is not None:
+                implied.setdefault(tid | frozenset(ran.items()), run_dir)
     return {**implied, **found}
 
 
-def _ran_at(
-    run_dir: Path, grid: dict[str, list[str]], knobs: dict[str, list[str]]
-) -> dict[str, str] | None:
-    """The values the grid's and knobs' keys took in the run (run_config.json), spelled as the
-    grid spells the same number (0.0 as 0). None when the file or a grid key is missing; a knob
-    key the run's config lacks (another method's knob) is left out."""
+def _ran_at(run_dir: Path, keys: dict[str, list[str]]) -> dict[str, str] | None:
+    """The values these grid and knob keys took in the run (run_config.json), spelled as the
+    grid spells the same number (0.0 as 0); None when the file or a key is missing."""
     from fedjax_semi.run_config import RUN_CONFIG, flat_keys
 
     try:
         flat = flat_keys(json.loads((run_dir / RUN_CONFIG).read_text()))
     except (OSError, ValueError):
         return None
-    if not all(k in flat for k in grid):
+    if not all(k in flat for k in keys):
         return None
-    keys = {**grid, **{k: vs for k, vs in knobs.items() if k in flat}}
     return {k: _grid_spelling(vs, _text(flat[k])) for k, vs in keys.items()}
 
 
