@@ -309,27 +309,28 @@ def scan(plan: Plan) -> dict[frozenset, Path]:
         tid = trial_id(overrides, plan.constant_keys())
         found[tid] = run_dir
         named = {k for k, _ in tid}
+        grid = {k: vs for k, vs in plan.grid.items() if k not in named}
+        flat = None  # the run's config, read once and only when some key is absent
         for keys in knob_sets:
-            absent = {k: vs for k, vs in plan.grid.items() if k not in named}
-            absent |= {k: knobs[k] for k in keys if k not in named}
-            ran = _ran_at(run_dir, absent) if absent else None
-            if ran is not None:
+            absent = grid | {k: knobs[k] for k in keys if k not in named}
+            if not absent:
+                continue
+            flat = _run_config(run_dir) if flat is None else flat
+            if all(k in flat for k in absent):
+                ran = {k: _grid_spelling(vs, _text(flat[k])) for k, vs in absent.items()}
                 implied.setdefault(tid | frozenset(ran.items()), run_dir)
     return {**implied, **found}
 
 
-def _ran_at(run_dir: Path, keys: dict[str, list[str]]) -> dict[str, str] | None:
-    """The values these grid and knob keys took in the run (run_config.json), spelled as the
-    grid spells the same number (0.0 as 0); None when the file or a key is missing."""
+def _run_config(run_dir: Path) -> dict[str, Any]:
+    """The run's settings (run_config.json) as flat dotted keys; {} when the file is missing or
+    unreadable. Values are spelled as the grid spells the same number by _grid_spelling."""
     from fedjax_semi.run_config import RUN_CONFIG, flat_keys
 
     try:
-        flat = flat_keys(json.loads((run_dir / RUN_CONFIG).read_text()))
+        return flat_keys(json.loads((run_dir / RUN_CONFIG).read_text()))
     except (OSError, ValueError):
-        return None
-    if not all(k in flat for k in keys):
-        return None
-    return {k: _grid_spelling(vs, _text(flat[k])) for k, vs in keys.items()}
+        return {}
 
 
 def _grid_spelling(values: list[str], ran: str) -> str:
