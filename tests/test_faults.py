@@ -3,6 +3,7 @@ and resuming with settings that would change the results."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -186,6 +187,24 @@ def test_step_directory_missing_its_files_is_skipped(run_dir):
     with pytest.warns(CheckpointWarning, match=r"checkpoints/4 \(round 4\) cannot be restored"):
         step, state = Checkpointer(run_dir / "checkpoints").restore_latest(template())
     assert step == 2 and int(state.round) == 2
+
+
+def test_close_leaves_no_orbax_thread_running(tmp_path, monkeypatch):
+    # The manager's removal of temporary directories runs in a thread started when it opens;
+    # close() must wait for it, or a run that ends on an error right after a restore (the test
+    # below) has that thread fail during interpreter shutdown and print a traceback. A slow
+    # removal makes the race certain.
+    from orbax.checkpoint._src.path import temporary_paths
+
+    done = []
+
+    async def slow_cleanup(*args, **kwargs):
+        await asyncio.sleep(0.5)
+        done.append(True)
+
+    monkeypatch.setattr(temporary_paths, "cleanup_temporary_paths", slow_cleanup)
+    Checkpointer(tmp_path / "checkpoints").close()
+    assert done == [True]
 
 
 def test_all_checkpoints_damaged_is_one_clear_error(run_dir):

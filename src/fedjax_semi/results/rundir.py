@@ -124,7 +124,7 @@ class Checkpointer:
                 errors[step] = _first_line(e)
                 # A failed restore can leave the manager's handlers set up for the wrong
                 # layout (a step without its item reads as a multi-item checkpoint): reopen.
-                self.manager.close()
+                self.close()
                 self.manager = self._open()
                 continue
             for bad, why in errors.items():
@@ -174,6 +174,11 @@ class Checkpointer:
         return dst
 
     def close(self) -> None:
+        # Orbax (0.12, locked) starts removing a killed writer's temporary directories in a
+        # thread when a manager opens, and awaits it only in save(). A manager opened to
+        # restore would leave that thread running into interpreter shutdown, where it fails
+        # and prints a traceback after our one error line: await it first.
+        self.manager._maybe_await_cleanup_tmp_directory()  # noqa: SLF001
         self.manager.close()
 
 
