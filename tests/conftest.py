@@ -161,6 +161,18 @@ def compose_config(*overrides: str, small: bool = True) -> Config:
     return as_config(compose_hydra(*overrides, small=small))
 
 
+def one_round(exp, backend: str = "jit", chunk="all", fed=None):
+    """One round of `exp`'s method from its initial state on `fed` (default: its own data):
+    (state, new state, metrics, evaluation of the new state)."""
+    from fedjax_semi.engine.simulate import Runner
+
+    fed = exp.fed if fed is None else fed
+    runner = Runner(exp.alg, fed, backend=backend, chunk=chunk, eval_chunk=chunk)
+    state = runner.init()
+    new, metrics = runner.round(state)
+    return state, new, metrics, runner.evaluate(new)
+
+
 @pytest.fixture
 def isolated_data_env(monkeypatch, tmp_path):
     """Keep the user's real data and cache out of dataset lookups; start with a cold cache."""

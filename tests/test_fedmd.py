@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compose_config
+from conftest import compose_config, one_round
 from fedjax_semi import experiment
 from fedjax_semi.algorithms.fedmd import alignment_rows
 from fedjax_semi.engine.simulate import Runner
@@ -54,14 +54,6 @@ def build(*extra: str):
 @pytest.fixture(scope="module")
 def exp():
     return build()
-
-
-def one_round(exp, backend: str = "jit", chunk="all", fed=None):
-    fed = exp.fed if fed is None else fed
-    runner = Runner(exp.alg, fed, backend=backend, chunk=chunk, eval_chunk=chunk)
-    state = runner.init()
-    new, metrics = runner.round(state)
-    return state, new, metrics, runner.evaluate(new)
 
 
 @pytest.fixture(scope="module")
