@@ -100,6 +100,29 @@ def test_chooses_the_best_point_per_row_and_writes_the_tuned_file(conf, tmp_path
     assert "holdout=0.2" in (tmp_path / "sweep" / "tuned.md").read_text()
 
 
+def test_a_choice_at_the_grids_edge_is_reported_and_one_inside_is_not(conf, tmp_path, capsys):
+    fake_sweep(tmp_path)
+    for alg, v in [("fedavg", 0.6), ("local", 0.65)]:  # lr 3.0: fedavg falls, local still rises
+        ov = [f"algorithm={alg}", "seed=0", "partition.holdout=0.2", "algorithm.lr=3.0"]
+        fake_trial(tmp_path / "sweep", f"{alg}-3.0", ov, v)
+    assert tune(conf, tmp_path, "--grid", "algorithm.lr=0.03,0.3,3.0") == 0
+    out = capsys.readouterr().out
+    assert (
+        "chosen at the grid's edge" in out
+        and "- algorithm=local: algorithm.lr=3.0 (largest)" in out
+    )
+    assert "algorithm=fedavg:" not in out  # 0.3 has a lower value on each side
+    record = json.loads((tmp_path / "sweep" / "tuned.json").read_text())
+    assert [r["at_edge"] for r in record["rows"]] == [[], ["algorithm.lr=3.0 (largest)"]]
+    assert (
+        "- algorithm=local: algorithm.lr=3.0 (largest)"
+        in (tmp_path / "sweep" / "tuned.md").read_text()
+    )
+    # The smallest value is an edge too: local's best on 0.03, 0.3 is the tie's smaller lr.
+    assert tune(conf, tmp_path, "--grid", "algorithm.lr=0.03,0.3", "--rows", "algorithm=local") == 0
+    assert "- algorithm=local: algorithm.lr=0.03 (smallest)" in capsys.readouterr().out
+
+
 def test_values_tuned_on_one_reading_of_the_data_are_written_for_that_reading(conf, tmp_path):
     # partition.alpha=5.0 is a constant override: the chosen values go into the file scoped to
     # it (`where`), so a run of another alpha keeps the preset's lr; other entries are kept.

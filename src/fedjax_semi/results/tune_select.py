@@ -3,7 +3,8 @@
 Selection: per row, the grid point with the best mean over the tuning seeds of the metric (its
 final value, or the mean of its last K evaluations); a point with a missing or diverged seed is
 not a candidate; equal means (to 6 significant digits: float32 metrics) go to the smaller lr,
-then to the earlier point of the grid.
+then to the earlier point of the grid. A choice at the smallest or largest value of a numeric
+grid axis is reported (`at_edge`): the protocol then adds the next value past it.
 """
 
 from __future__ import annotations
@@ -132,6 +133,26 @@ def select(plan: Plan, results: list[list[PointResult]], minimize: bool = False)
     return choices
 
 
+def at_edge(plan: Plan, choice: Choice) -> list[str]:
+    """The numeric grid axes on which the row's chosen value is the grid's smallest or largest:
+    the best may lie past it, so the protocol adds the next value beyond it (the trials already
+    run are reused). A value past the choice that diverged or scored lower is what makes it
+    inside."""
+    notes = []
+    for key, values in plan.grid.items():
+        try:
+            nums = [float(v) for v in values]
+        except ValueError:  # a categorical axis (server_exit_losses=all,final) has no edge
+            continue
+        if choice.point is None or len(set(nums)) < 2:
+            continue
+        v = float(choice.point[key])
+        if v in (min(nums), max(nums)):
+            side = "largest" if v == max(nums) else "smallest"
+            notes.append(f"{key}={choice.point[key]} ({side})")
+    return notes
+
+
 def _cell(p: PointResult, chosen: bool) -> str:
     if any(v is None for v in p.values):
         done = sum(v is not None for v in p.values)
@@ -237,7 +258,16 @@ def write_outputs(
         if c.point is None:
             print(f"fedjax-semi-tune: warning: row {_row_label(c.row)}: no grid point finished "
                   "on every seed without diverging; nothing chosen")  # fmt: skip
+    edges = [at_edge(plan, c) for c in choices]
+    edge_lines = [
+        f"- {_row_label(c.row)}: {', '.join(e)}" for c, e in zip(choices, edges, strict=True) if e
+    ]
+    if edge_lines:
+        print("fedjax-semi-tune: chosen at the grid's edge (the best may lie past it; add the "
+              "next value, the trials run are reused):", *edge_lines, sep="\n")  # fmt: skip
     doc = ["# Tuning of " + plan.preset, "", *header, "", "[value] = chosen.", "", md]
+    if edge_lines:
+        doc += ["", "Chosen at the grid's edge (the best may lie past it):", *edge_lines]
     if missing:
         doc += ["", f"{len(missing)} trials not finished:", *(f"- {m}" for m in missing)]
     (plan.sweep_dir / "tuned.md").write_text("\n".join(doc) + "\n")
@@ -246,9 +276,9 @@ def write_outputs(
         "grid": plan.grid, "metric": metric, "last_k": cut.last_k,
         "budget_time": cut.budget_time, "command": command,
         "rows": [
-            {"row": c.row, "chosen": c.point, "mean": c.mean,
+            {"row": c.row, "chosen": c.point, "mean": c.mean, "at_edge": e,
              "points": [vars(p) for p in points]}
-            for c, points in zip(choices, results, strict=True)
+            for c, e, points in zip(choices, edges, results, strict=True)
         ],
         "missing": missing,
     }  # fmt: skip
