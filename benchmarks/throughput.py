@@ -48,7 +48,7 @@ from throughput_measures import (
     rates,
     run_torch,
     sgd_step_flops,
-    torch_threads,
+    torch_loops,
 )
 from throughput_modes import (
     accuracy_agreement,
@@ -111,40 +111,34 @@ def run_workload(w: Workload, args, peak: float, env: dict, **scale) -> list[dic
             }
             emit({**rec, **env}, Path(args.out))
             records.append(rec)
-    for threads in torch_threads(args) if args.torch and not w.extra else ():
-        import torch_loop
+    for threads in torch_loops(args, w):
+        res = run_torch(
+            dataclasses.replace(w, cohort=cohort),  # the scan's cohort, not the workload's
+            ds,
+            exp,
+            rounds=args.repeats + 1,
+            seed=0,
+            device="cuda" if jax.default_backend() == "gpu" else "cpu",
+            threads=threads,
+        )
+        t = float(np.median(res["round_s"]))
+        import torch
 
-        why = torch_loop.available()
-        if why:
-            print(f"# PyTorch loop skipped: {why}")
-        else:
-            res = run_torch(
-                dataclasses.replace(w, cohort=cohort),  # the scan's cohort, not the workload's
-                ds,
-                exp,
-                rounds=args.repeats + 1,
-                seed=0,
-                device="cuda" if jax.default_backend() == "gpu" else "cpu",
-                threads=threads,
-            )
-            t = float(np.median(res["round_s"]))
-            import torch
-
-            rec = {
-                **base,
-                "torch": torch.__version__,
-                "torch_threads": threads,
-                "eval_s": res["eval_s"],
-                "engine": "pytorch_loop",
-                "backend": "torch",
-                "chunk": "-",
-                "first_round_s": res["first_round_s"],
-                "round_s_all": res["round_s"],
-                **rates(w, cohort, t, flops, peak),
-                **peak_memory(),
-            }
-            emit({**rec, **env}, Path(args.out))
-            records.append(rec)
+        rec = {
+            **base,
+            "torch": torch.__version__,
+            "torch_threads": threads,
+            "eval_s": res["eval_s"],
+            "engine": "pytorch_loop",
+            "backend": "torch",
+            "chunk": "-",
+            "first_round_s": res["first_round_s"],
+            "round_s_all": res["round_s"],
+            **rates(w, cohort, t, flops, peak),
+            **peak_memory(),
+        }
+        emit({**rec, **env}, Path(args.out))
+        records.append(rec)
     return records
 
 

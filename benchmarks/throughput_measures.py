@@ -104,3 +104,16 @@ def rates(w: Workload, cohort: int, t: float, flops: float | None, peak: float) 
 def torch_threads(args) -> list[int]:
     """--torch-threads as a list (e.g. "1,2": the loop once per thread count)."""
     return [int(t) for t in str(args.torch_threads).split(",") if t]
+
+
+def torch_loops(args, w: Workload) -> list[int]:
+    """The thread counts to run the PyTorch loop at: none without --torch, for a workload the
+    loop does not implement (`w.extra`), or when PyTorch cannot be imported (one line says why)."""
+    if not args.torch or w.extra:
+        return []
+    import torch_loop
+
+    if why := torch_loop.available():
+        print(f"# PyTorch loop skipped: {why}")
+        return []
+    return torch_threads(args)

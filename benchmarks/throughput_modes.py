@@ -17,7 +17,14 @@ import numpy as np
 
 from common import compose, emit, runner_for, time_rounds
 from fedjax_semi import experiment
-from throughput_measures import peak_memory, rates, run_torch, sgd_step_flops, torch_threads
+from throughput_measures import (
+    peak_memory,
+    rates,
+    run_torch,
+    sgd_step_flops,
+    torch_loops,
+    torch_threads,
+)
 from workloads import WORKLOADS, Workload, learnable_dataset, synthetic_dataset
 
 
@@ -81,14 +88,7 @@ def interleaved(w: Workload, args, env: dict) -> list[dict]:
         for chunk in (c for c in args.chunks.split(",") if c):
             runner = runner_for(exp, chunk)
             contenders[f"engine conv={conv or '-'} chunk={chunk}"] = [runner, runner.init()]
-    loops = torch_threads(args) if args.torch and not w.extra else []
-    if loops:
-        import torch_loop
-
-        if why := torch_loop.available():
-            print(f"# PyTorch loop skipped: {why}")
-            loops = []
-    for threads in loops:
+    for threads in torch_loops(args, w):
         contenders[f"pytorch_loop threads={threads}"] = TorchWorker(w.name, threads)
     n = 8192 if jax.default_backend() == "gpu" else 2048
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)

@@ -138,13 +138,15 @@ def at_edge(plan: Plan, choice: Choice) -> list[str]:
     the best may lie past it, so the protocol adds the next value beyond it (the trials already
     run are reused). A value past the choice that diverged or scored lower is what makes it
     inside."""
+    if choice.point is None:
+        return []
     notes = []
     for key, values in plan.grid.items():
         try:
             nums = [float(v) for v in values]
         except ValueError:  # a categorical axis (server_exit_losses=all,final) has no edge
             continue
-        if choice.point is None or len(set(nums)) < 2:
+        if len(set(nums)) < 2:
             continue
         v = float(choice.point[key])
         if v in (min(nums), max(nums)):
