@@ -208,6 +208,24 @@ def test_map_clients_matches_loop(chunk):
     np.testing.assert_allclose(got, np.arange(10.0).reshape(5, 2) * 3 + 1)
 
 
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_loop_of_clients_is_traced_unbatched_even_over_one(n):
+    # chunk=1 is a loop for any number of clients, one included (a one-job vectorized group has
+    # a replica axis of one): traced as batched, a client's steps past its data would run.
+    from fedjax_semi.batching import clients_batched
+
+    seen = []
+
+    def fn(x):
+        seen.append(clients_batched())
+        return x + 1.0
+
+    xs = jnp.zeros((n, 2))
+    jax.jit(lambda xs: clients.map_clients(fn, xs, chunk=1))(xs)
+    jax.jit(lambda xs: clients.map_clients(fn, xs, chunk="all"))(xs)
+    assert seen == [False, True]
+
+
 def test_cohort_sampling_is_uniform_without_replacement():
     seed = jax.random.PRNGKey(0)
     counts = np.zeros(20)

@@ -42,9 +42,12 @@ def run_rounds(exp, runner, rounds: int) -> list[dict]:
 # (the ada partition's server pool and validation set): test_ada_fedsemi.py; HeteroAda-FedSemi
 # (also the multi-exit model and the TX2 clock): test_hetero_ada.py.
 ADA = ("ada_fedsemi", "fedsemi", "fedavg_p", "hetero_ada")
-# SCAFFOLD: test_scaffold.py.
+# SCAFFOLD: test_scaffold.py. CoFED and FedMD need a public set (partition=cofed, a server
+# pool): test_cofed.py and test_fedmd.py check their grouped program against the reference loop.
 OWN_EQUIVALENCE_TESTS = (
     "um_pfssl",
+    "cofed",
+    "fedmd",
     "dofed_spp",
     "fedfomo",
     "fedbe",

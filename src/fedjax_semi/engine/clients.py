@@ -37,12 +37,14 @@ def map_within_client(fn: Callable, *xs: PyTree) -> PyTree:
 def map_clients(fn: Callable, xs: PyTree, *shared: Any, chunk: int | str = "all") -> PyTree:
     """fn(x_i, *shared) for every i of the leading axis of xs, inside a jit."""
     n = jax.tree.leaves(xs)[0].shape[0]
+    if chunk == 1:
+        # A plain loop, also over one client (or one replica: a one-job group of the vectorized
+        # launcher): no batch-of-one vmap, so every op keeps its unbatched form and a client's
+        # steps past its own data are skipped, not computed and discarded.
+        return jax.lax.map(lambda x: fn(x, *shared), xs)
     if chunk == "all" or chunk >= n:
         with batched(True):
             return jax.vmap(fn, in_axes=(0,) + (None,) * len(shared))(xs, *shared)
-    if chunk == 1:
-        # A plain loop: no batch-of-one vmap, so every op keeps its unbatched form.
-        return jax.lax.map(lambda x: fn(x, *shared), xs)
     with batched(True):
         return jax.lax.map(lambda x: fn(x, *shared), xs, batch_size=int(chunk))
 
