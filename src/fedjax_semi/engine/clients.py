@@ -3,7 +3,8 @@ method's round receives.
 
 Three ways to map a per-client function over a leading client axis, which must agree numerically:
   * `map_clients(fn, xs, chunk=k)` inside jit: `lax.map(..., batch_size=k)`, a vmap over chunks of
-    k clients run one after another (small k bounds memory and suits the CPU);
+    k clients run one after another (small k bounds memory and suits the CPU); k = 1 is a plain
+    loop, traced unbatched, whatever the number of clients (one included);
   * `map_clients(fn, xs, chunk="all")`: one vmap over every client (GPU);
   * `LoopMapper`: the reference backend, a Python loop of per-client jitted calls.
 """
