@@ -424,6 +424,22 @@ def test_cfsl_records_each_scenario_takes_its_own_lr():
     assert apply(cfg) == knobs and cfg.algorithm.lr == 0.3
 
 
+def test_um_pfssl_records_choices_apply_at_alpha_5_only():
+    # conf/tuned/um_pfssl_table1_record.yaml holds the alpha-5 search; alpha 0.5 is not searched
+    # yet, so its runs keep the preset's values.
+    chosen = {
+        "fedavg_sl": {"algorithm.lr": 1.0},
+        "fixbn": {"algorithm.pl_threshold": 0.8, "algorithm.lr": 0.3},
+        "um_pfssl_record": {"algorithm.corr_form": "complement", "algorithm.lr": 0.03},
+    }
+    for alg, applied in chosen.items():
+        over = ["+experiment=um_pfssl_table1_record", f"algorithm={alg}"]
+        cfg = compose_real(*over, "partition.alpha=5.0")
+        assert apply(cfg) == applied, alg
+        cfg = compose_real(*over, "partition.alpha=0.5")
+        assert apply(cfg) == {} and cfg.algorithm.lr == 0.03, alg
+
+
 def test_fedmds_tuned_lr_reaches_every_phase_of_its_record():
     # conf/tuned/cofed_fmnist_hard_fedmd_record.yaml sets one lr per split; the preset ties the
     # digest and fine-tuning lrs to it, so they must follow the tuned value, not the default.
