@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -121,6 +122,53 @@ def test_a_choice_at_the_grids_edge_is_reported_and_one_inside_is_not(conf, tmp_
     # The smallest value is an edge too: local's best on 0.03, 0.3 is the tie's smaller lr.
     assert tune(conf, tmp_path, "--grid", "algorithm.lr=0.03,0.3", "--rows", "algorithm=local") == 0
     assert "- algorithm=local: algorithm.lr=0.03 (smallest)" in capsys.readouterr().out
+
+
+def test_extend_edges_adds_the_value_past_each_edge_until_every_choice_is_inside(
+    conf, tmp_path, capsys
+):
+    # Pass 1 on 0.03, 0.3: fedavg at the largest, local at the smallest (the tie's smaller lr);
+    # pass 2 adds 1.0 and 0.01 (the log ladder), where both choices are inside: no third pass.
+    fake_sweep(tmp_path)
+    for alg, lr, v in [("fedavg", "1.0", 0.65), ("fedavg", "0.01", 0.4),
+                       ("local", "1.0", 0.5), ("local", "0.01", 0.55)]:  # fmt: skip
+        ov = [f"algorithm={alg}", "seed=0", "partition.holdout=0.2", f"algorithm.lr={lr}"]
+        fake_trial(tmp_path / "sweep", f"{alg}-{lr}", ov, v)
+    assert tune(conf, tmp_path, "--grid", "algorithm.lr=0.03,0.3", "--extend-edges", "3") == 0
+    out = capsys.readouterr().out
+    assert out.count("adding") == 1 and "adding algorithm.lr=1.0, algorithm.lr=0.01" in out
+    assert "0 to run" in out and "to run" in out.split("adding")[1]  # the second pass's plan
+    record = json.loads((tmp_path / "sweep" / "tuned.json").read_text())
+    assert record["grid"]["algorithm.lr"] == ["0.01", "0.03", "0.3", "1.0"]
+    assert [r["chosen"]["algorithm.lr"] for r in record["rows"]] == ["0.3", "0.03"]
+    assert [r["at_edge"] for r in record["rows"]] == [[], []]
+    # The cap: with one extension and fedavg best at 1.0, the second pass reports the edge.
+    (tmp_path / "sweep" / "tuned.json").unlink()
+    summary = tmp_path / "sweep" / "fedavg-1.0" / "summary.json"
+    summary.write_text(summary.read_text().replace("0.65", "0.8"))
+    assert tune(conf, tmp_path, "--grid", "algorithm.lr=0.03,0.3", "--extend-edges", "1") == 0
+    out = capsys.readouterr().out
+    assert out.count("adding") == 1 and "- algorithm=fedavg: algorithm.lr=1.0 (largest)" in out
+
+
+def test_the_value_past_an_edge_follows_the_grids_ladder():
+    from fedjax_semi.results.tune_plan import Plan
+    from fedjax_semi.results.tune_select import Choice, next_values
+
+    def past(values: list[str], chosen: str) -> dict:
+        plan = Plan("p", [{"algorithm": "a"}], [[{}]], {"k": values}, [0], 0.2, [], [],
+                    Path("."), False, "accuracy")  # fmt: skip
+        return next_values(plan, [Choice({"algorithm": "a"}, {"k": chosen}, 0.5)])
+
+    assert past(["0.01", "0.03", "0.1"], "0.1") == {"k": ["0.3"]}  # not 0.30000000000000004
+    assert past(["0.03", "0.1", "0.3"], "0.3") == {"k": ["1.0"]}  # 1.0 as trials name it
+    assert past(["0.01", "0.03"], "0.01") == {"k": ["0.003"]}
+    assert past(["0.0001", "0.0003"], "0.0001") == {"k": ["3e-05"]}
+    assert past(["10", "30"], "30") == {"k": ["100"]}  # integers stay integers
+    assert past(["0", "10", "30"], "0") == {}  # nothing below a grid that reaches 0
+    assert past(["0.05", "0.1"], "0.1") == {"k": ["0.2"]}  # off the ladder: the outer ratio
+    assert past(["0.05", "0.1"], "0.05") == {"k": ["0.025"]}
+    assert past(["0.01", "0.03", "0.1"], "0.03") == {}  # inside
 
 
 def test_values_tuned_on_one_reading_of_the_data_are_written_for_that_reading(conf, tmp_path):
@@ -255,6 +303,7 @@ def test_bad_flags_are_one_line_before_any_work(conf, tmp_path, capsys):
         (["--rows", "algorithm=fixavg"], "values among ['fedavg', 'local']"),
         (["--launcher", "ray"], "--launcher='ray' is not allowed"),
         (["--last-k", "0"], "--last-k='0' is not allowed"),
+        (["--extend-edges", "-1"], "--extend-edges='-1' is not allowed: distinct integers >= 0"),
         (["--budget-time", "0"], "--budget-time='0' is not allowed: seconds of simulated clock"),
         (["--budget-time", "x"], "--budget-time='x' is not allowed"),
         (["algorithm.lr=0.1"], "algorithm.lr is set by the tuner"),

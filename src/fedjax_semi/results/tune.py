@@ -30,7 +30,7 @@ from typing import Any
 
 from fedjax_semi.errors import ConfigError, bad
 from fedjax_semi.results.tune_plan import LR, Plan, key_of, trial_id
-from fedjax_semi.results.tune_select import Cut, collect, select, write_outputs
+from fedjax_semi.results.tune_select import Cut, collect, next_values, select, write_outputs
 from fedjax_semi.tuned import run_complete
 
 __all__ = ["DEFAULT_LR_GRID", "SENSITIVE_KNOBS", "main"]
@@ -98,6 +98,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--conf-out", default=None, help="where conf/tuned/<preset>.yaml goes")
     ap.add_argument("--launcher", default="basic", help=f"Hydra launcher: {list(LAUNCHERS)}")
     ap.add_argument("--jobs", default="2", help="parallel trials with --launcher joblib")
+    ap.add_argument("--extend-edges", default="0", metavar="N",
+                    help="the edge rule, up to N times: add the value past a choice at a numeric "
+                    "axis's edge (0.1 -> 0.3 -> 1.0) and run its trials (default 0)")  # fmt: skip
     ap.add_argument("--dry-run", action="store_true", help="print the plan and launch nothing")
     return ap.parse_intermixed_args(argv)
 
@@ -168,6 +171,7 @@ def check_flags(args: argparse.Namespace) -> dict[str, Any]:
         "holdout": holdout,
         "cut": Cut(last_k, budget_time),
         "jobs": _ints("--jobs", args.jobs, 1)[0],
+        "extend": _ints("--extend-edges", args.extend_edges, 0)[0],
         "preset": presets[0].split("=", 1)[1],
         "rows": rows,
     }
@@ -455,26 +459,36 @@ def main(argv: list[str] | None = None) -> None:
             _check_dir(plan)
     except ConfigError as e:
         _fail(str(e))
-    todo = launches(plan, flags["jobs"], args.launcher)
-    total = sum(len(plan.trials(r)) for r in range(len(plan.rows)))
-    print(
-        f"fedjax-semi-tune: {len(plan.rows)} rows x {len(plan.points(0))} grid points x "
-        f"{len(plan.seeds)} seeds = {total} trials on partition.holdout={plan.holdout}; "
-        f"{sum(m for _, m in todo)} to run, in {plan.sweep_dir}"
-    )
-    for cmd, _ in todo:
-        print("  " + shlex.join(cmd[2:]).replace("fedjax_semi.cli", "fedjax-semi", 1))
-        if not args.dry_run:
-            subprocess.run(cmd, check=False)
-    if args.dry_run:
-        return
     metric = args.metric or plan.default_metric
-    try:
-        results = collect(plan, scan(plan), metric, flags["cut"])
-    except ValueError as e:
-        _fail(str(e))
-    # Losses and costs (Ada-FedSemi's cum_cost, Eq. 10) are minimised, everything else maximised.
-    choices = select(plan, results, minimize=metric.endswith(MINIMIZED_SUFFIXES))
+    for extensions_left in range(flags["extend"], -1, -1):
+        todo = launches(plan, flags["jobs"], args.launcher)
+        total = sum(len(plan.trials(r)) for r in range(len(plan.rows)))
+        print(
+            f"fedjax-semi-tune: {len(plan.rows)} rows x {len(plan.points(0))} grid points x "
+            f"{len(plan.seeds)} seeds = {total} trials on partition.holdout={plan.holdout}; "
+            f"{sum(m for _, m in todo)} to run, in {plan.sweep_dir}"
+        )
+        for cmd, _ in todo:
+            print("  " + shlex.join(cmd[2:]).replace("fedjax_semi.cli", "fedjax-semi", 1))
+            if not args.dry_run:
+                subprocess.run(cmd, check=False)
+        if args.dry_run:
+            return
+        try:
+            results = collect(plan, scan(plan), metric, flags["cut"])
+        except ValueError as e:
+            _fail(str(e))
+        # Losses and costs (Ada-FedSemi's cum_cost, Eq. 10) are minimised, the rest maximised.
+        choices = select(plan, results, minimize=metric.endswith(MINIMIZED_SUFFIXES))
+        finished = all(v is not None for points in results for p in points for v in p.values)
+        added = next_values(plan, choices) if extensions_left and finished else {}
+        if not added:
+            break
+        for key, values in added.items():  # the grid stays sorted: the table reads in order
+            plan.grid[key] = sorted(plan.grid[key] + values, key=float)
+        print(f"fedjax-semi-tune: a choice at the grid's edge; adding "
+              f"{', '.join(f'{k}={v}' for k, vs in added.items() for v in vs)} "
+              f"(--extend-edges: {extensions_left - 1} more after this)")  # fmt: skip
     conf_out = Path(args.conf_out) if args.conf_out else CONF_DIR / "tuned"
     command = shlex.join(["fedjax-semi-tune", *(sys.argv[1:] if argv is None else argv)])
     sys.exit(write_outputs(plan, results, choices, conf_out, metric, flags["cut"], command))

@@ -4,7 +4,8 @@ Selection: per row, the grid point with the best mean over the tuning seeds of t
 final value, or the mean of its last K evaluations); a point with a missing or diverged seed is
 not a candidate; equal means (to 6 significant digits: float32 metrics) go to the smaller lr,
 then to the earlier point of the grid. A choice at the smallest or largest value of a numeric
-grid axis is reported (`at_edge`): the protocol then adds the next value past it.
+grid axis is reported (`at_edge`): the protocol then adds the next value past it, which
+`--extend-edges` does itself (`next_values`).
 """
 
 from __future__ import annotations
@@ -153,6 +154,50 @@ def at_edge(plan: Plan, choice: Choice) -> list[str]:
             side = "largest" if v == max(nums) else "smallest"
             notes.append(f"{key}={choice.point[key]} ({side})")
     return notes
+
+
+def _step(nums: list[float], up: bool) -> float | None:
+    """The value one step past the largest (up) or smallest positive value of a grid axis: on
+    the log ladder 1, 3, 10, 30, ... when the axis lies on it (0.01, 0.03, 0.1 -> 0.3), else by
+    the ratio of its two outermost values; None below a grid that reaches 0 or with one value."""
+    pos = sorted(x for x in nums if x > 0)
+    if len(pos) < 2 or (not up and min(nums) <= 0):
+        return None
+    edge = pos[-1] if up else pos[0]
+
+    def rung(x: float) -> tuple[int, int] | None:  # x = m * 10**e with m in {1, 3}
+        e = math.floor(math.log10(x) + 1e-9)
+        m = x / 10.0**e
+        return next(((e, k) for k in (1, 3) if math.isclose(m, k, rel_tol=1e-6)), None)
+
+    if all(rung(x) for x in pos):
+        e, m = rung(edge)
+        if up:
+            e, m = (e, 3) if m == 1 else (e + 1, 1)
+        else:
+            e, m = (e, 1) if m == 3 else (e - 1, 3)
+        return m * 10.0**e
+    ratio = pos[-1] / pos[-2] if up else pos[1] / pos[0]
+    return edge * ratio if up else edge / ratio
+
+
+def next_values(plan: Plan, choices: list[Choice]) -> dict[str, list[str]]:
+    """The edge rule: per numeric grid axis, the value past each edge some row's choice sits on
+    (`at_edge`), written like the axis's values (integers stay integers, `1.0` not `1`, so a
+    trial run before keeps its directory name)."""
+    added: dict[str, list[str]] = {}
+    for choice in choices:
+        for note in at_edge(plan, choice):
+            key = note.split("=", 1)[0]
+            values = plan.grid[key]
+            x = _step([float(v) for v in values], up=note.endswith("(largest)"))
+            if x is None:
+                continue
+            ints = all(v.lstrip("-").isdigit() for v in values)
+            text = str(round(x)) if ints else repr(float(f"{x:.6g}"))
+            if text not in values and text not in added.get(key, []):
+                added.setdefault(key, []).append(text)
+    return added
 
 
 def _cell(p: PointResult, chosen: bool) -> str:
