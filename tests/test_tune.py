@@ -480,6 +480,7 @@ def test_um_pfssl_records_choices_apply_at_alpha_5_only():
         "fedavg_sl": {"algorithm.lr": 1.0},
         "fixbn": {"algorithm.pl_threshold": 0.8, "algorithm.lr": 0.3},
         "um_pfssl_record": {"algorithm.corr_form": "complement", "algorithm.lr": 0.03},
+        "local": {"algorithm.lr": 0.3},
     }
     for alg, applied in chosen.items():
         over = ["+experiment=um_pfssl_table1_record", f"algorithm={alg}"]
