@@ -134,14 +134,12 @@ def select(plan: Plan, results: list[list[PointResult]], minimize: bool = False)
     return choices
 
 
-def at_edge(plan: Plan, choice: Choice) -> list[str]:
-    """The numeric grid axes on which the row's chosen value is the grid's smallest or largest:
-    the best may lie past it, so the protocol adds the next value beyond it (the trials already
-    run are reused). A value past the choice that diverged or scored lower is what makes it
-    inside."""
+def _edges(plan: Plan, choice: Choice) -> list[tuple[str, bool]]:
+    """(key, is the largest) for each numeric grid axis on which the row's chosen value is the
+    grid's smallest or largest."""
     if choice.point is None:
         return []
-    notes = []
+    edges = []
     for key, values in plan.grid.items():
         try:
             nums = [float(v) for v in values]
@@ -151,9 +149,19 @@ def at_edge(plan: Plan, choice: Choice) -> list[str]:
             continue
         v = float(choice.point[key])
         if v in (min(nums), max(nums)):
-            side = "largest" if v == max(nums) else "smallest"
-            notes.append(f"{key}={choice.point[key]} ({side})")
-    return notes
+            edges.append((key, v == max(nums)))
+    return edges
+
+
+def at_edge(plan: Plan, choice: Choice) -> list[str]:
+    """The numeric grid axes on which the row's chosen value is the grid's smallest or largest:
+    the best may lie past it, so the protocol adds the next value beyond it (the trials already
+    run are reused). A value past the choice that diverged or scored lower is what makes it
+    inside."""
+    return [
+        f"{key}={choice.point[key]} ({'largest' if up else 'smallest'})"
+        for key, up in _edges(plan, choice)
+    ]
 
 
 def _step(nums: list[float], up: bool) -> float | None:
@@ -187,10 +195,9 @@ def next_values(plan: Plan, choices: list[Choice]) -> dict[str, list[str]]:
     trial run before keeps its directory name)."""
     added: dict[str, list[str]] = {}
     for choice in choices:
-        for note in at_edge(plan, choice):
-            key = note.split("=", 1)[0]
+        for key, up in _edges(plan, choice):
             values = plan.grid[key]
-            x = _step([float(v) for v in values], up=note.endswith("(largest)"))
+            x = _step([float(v) for v in values], up=up)
             if x is None:
                 continue
             ints = all(v.lstrip("-").isdigit() for v in values)
