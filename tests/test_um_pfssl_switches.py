@@ -1,6 +1,6 @@
 """UM-pFSSL's switches where the paper is ambiguous, on the tiny setting of um_pfssl_tiny.py:
 refresh_trigger (Sec. 4.2 vs Alg. 1 l.12), kl_direction (Eq. 5 vs Alg. 1 l.20),
-aggregate_bn_stats and mc_bn_mode."""
+aggregate_bn_stats and mc_bn_mode; the aggregation ablation."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ SWITCH_DEFAULTS = {
     "kl_direction": "target_to_model",
     "aggregate_bn_stats": True,
     "mc_bn_mode": "running",
+    "aggregation": "corr",
 }
 
 
@@ -35,6 +36,7 @@ def test_switch_defaults_and_bad_values():
         ("refresh_trigger", "sometimes"),
         ("kl_direction", "both"),
         ("mc_bn_mode", "train"),
+        ("aggregation", "median"),
     ):
         with pytest.raises(ConfigError) as err:
             compose_config(*TINY, f"algorithm.{key}={value}")
@@ -192,6 +194,33 @@ def test_aggregate_bn_stats():
         corr, valid, no_bn, {"params": own["params"]},
     )  # fmt: skip
     np.testing.assert_array_equal(got["params"]["w"], on["params"]["w"])
+
+
+def test_aggregation_ablations():
+    """corr (Alg. 1 l.15): omega proportional to Corr over the valid slots; uniform: equal
+    weights over the valid slots; own: the client's own model, untouched."""
+    import dataclasses
+    import types
+
+    import jax.numpy as jnp
+
+    from fedjax_semi.algorithms.um_pfssl import UMPFSSL
+    from fedjax_semi.algorithms.um_pfssl_config import UMPFSSLConfig
+
+    rng = np.random.default_rng(1)
+    helpers = {"params": {"w": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32)}}
+    own = jax.tree.map(lambda a: a[0] + 1.0, helpers)  # not a helper slot: own must be returned
+    corr, valid = jnp.asarray([2.0, 1.0, 5.0]), jnp.asarray([True, True, False])
+    w = np.asarray(helpers["params"]["w"])
+
+    def agg(mode):
+        alg = types.SimpleNamespace(cfg=dataclasses.replace(UMPFSSLConfig(), aggregation=mode))
+        return np.asarray(UMPFSSL.aggregate(alg, corr, valid, helpers, own)["params"]["w"])
+
+    # float32 sums of three terms of order 1: 1e-6 absolute covers their rounding
+    np.testing.assert_allclose(agg("corr"), (2 * w[0] + w[1]) / 3, atol=1e-6)
+    np.testing.assert_allclose(agg("uniform"), (w[0] + w[1]) / 2, atol=1e-6)
+    np.testing.assert_array_equal(agg("own"), np.asarray(own["params"]["w"]))
 
 
 @pytest.mark.parametrize("mode", ["running", "batch"])

@@ -372,7 +372,12 @@ class UMPFSSL(FedAvgFamily):
     def aggregate(self, corr, valid, helpers, own):
         """Alg. 1 l.14-15: the Corr-weighted average of the helpers [M, ...] (valid [M]).
         aggregate_bn_stats=false keeps the client's own BatchNorm running statistics instead
-        of averaging them, as FedBN does (the paper does not say which)."""
+        of averaging them, as FedBN does (the paper does not say which). The ablations:
+        aggregation=uniform averages with equal weights, aggregation=own skips the average."""
+        if self.cfg.aggregation == "own":
+            return own
+        if self.cfg.aggregation == "uniform":
+            corr = jnp.ones_like(corr)
         omega = aggregation_weights(corr[None], valid[None])
         agg = personalized_average(omega, jax.tree.map(lambda a: a[None], helpers))
         agg = jax.tree.map(lambda a: a[0], agg)

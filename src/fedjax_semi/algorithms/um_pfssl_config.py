@@ -21,6 +21,7 @@ CHOICES = {
     "refresh_trigger": ("global_mod", "per_client_elapsed", "every_round_after_nu"),
     "kl_direction": ("target_to_model", "model_to_target"),
     "mc_bn_mode": ("running", "batch"),
+    "aggregation": ("corr", "uniform", "own"),
 }
 
 
@@ -62,6 +63,10 @@ class UMPFSSLConfig(FedAvgConfig):
     kl_direction: str = "target_to_model"  # KL(y_hat || f_w) | KL(f_w || y_hat) as in Eq. 5
     aggregate_bn_stats: bool = True  # BN running stats Corr-averaged too | kept local (FedBN)
     mc_bn_mode: str = "running"  # BN in the MC passes of Eq. 9: running | batch stats
+    # Where local training starts (Alg. 1 l.14-15): the Corr-weighted average of the helpers |
+    # their plain average | the client's own model (an ablation: no averaging, the helpers
+    # still give the pseudo-labels of Eq. 11).
+    aggregation: str = "corr"
 
     pl_threshold_nullable: ClassVar[bool] = True  # null keeps every pseudo-label
 
@@ -80,6 +85,7 @@ class UMPFSSLConfig(FedAvgConfig):
         check_choice("algorithm.refresh_trigger", self.refresh_trigger, CHOICES["refresh_trigger"])
         check_choice("algorithm.kl_direction", self.kl_direction, CHOICES["kl_direction"])
         check_choice("algorithm.mc_bn_mode", self.mc_bn_mode, CHOICES["mc_bn_mode"])
+        check_choice("algorithm.aggregation", self.aggregation, CHOICES["aggregation"])
         if not isinstance(self.aggregate_bn_stats, bool):
             raise bad("algorithm.aggregate_bn_stats", self.aggregate_bn_stats, "true or false")
         if self.refresh_period < 1 or self.mc_samples < 1 or self.search_rounds < 0:
