@@ -128,20 +128,34 @@ def test_extend_edges_adds_the_value_past_each_edge_until_every_choice_is_inside
     conf, tmp_path, capsys
 ):
     # Pass 1 on 0.03, 0.3: fedavg at the largest, local at the smallest (the tie's smaller lr);
-    # pass 2 adds 1.0 and 0.01 (the log ladder), where both choices are inside: no third pass.
+    # pass 2 adds 1.0 for fedavg only and 0.01 for local only (the log ladder), where both
+    # choices are inside: no third pass. The trials of the other row's added value are there
+    # (fedavg at 0.01, local at 1.0) but not part of the search: a row runs its own values.
     fake_sweep(tmp_path)
-    for alg, lr, v in [("fedavg", "1.0", 0.65), ("fedavg", "0.01", 0.4),
-                       ("local", "1.0", 0.5), ("local", "0.01", 0.55)]:  # fmt: skip
+    for alg, lr, v in [("fedavg", "1.0", 0.65), ("fedavg", "0.01", 0.9),
+                       ("local", "1.0", 0.9), ("local", "0.01", 0.55)]:  # fmt: skip
         ov = [f"algorithm={alg}", "seed=0", "partition.holdout=0.2", f"algorithm.lr={lr}"]
         fake_trial(tmp_path / "sweep", f"{alg}-{lr}", ov, v)
     assert tune(conf, tmp_path, "--grid", "algorithm.lr=0.03,0.3", "--extend-edges", "3") == 0
     out = capsys.readouterr().out
-    assert out.count("adding") == 1 and "adding algorithm.lr=1.0, algorithm.lr=0.01" in out
-    assert "0 to run" in out and "to run" in out.split("adding")[1]  # the second pass's plan
+    assert out.count("adding") == 1
+    assert "for that row only, algorithm=fedavg: algorithm.lr=1.0; algorithm=local: " \
+        "algorithm.lr=0.01 (" in out  # fmt: skip
+    second = out.split("adding")[1]
+    assert "2 rows x 3 grid points x 1 seeds = 6 trials" in second and "0 to run" in second
+    assert "| algorithm=fedavg |  | 0.5000 | **[0.7000]** | 0.6500 |" in out
+    assert "| algorithm=local | 0.5500 | **[0.6000]** | 0.6000 |  |" in out
     record = json.loads((tmp_path / "sweep" / "tuned.json").read_text())
-    assert record["grid"]["algorithm.lr"] == ["0.01", "0.03", "0.3", "1.0"]
+    assert record["grid"]["algorithm.lr"] == ["0.03", "0.3"]
+    assert [r["grid"]["algorithm.lr"] for r in record["rows"]] == [
+        ["0.03", "0.3", "1.0"],
+        ["0.01", "0.03", "0.3"],
+    ]
     assert [r["chosen"]["algorithm.lr"] for r in record["rows"]] == ["0.3", "0.03"]
     assert [r["at_edge"] for r in record["rows"]] == [[], []]
+    assert "added past a row's edge (--extend-edges), for that row only: algorithm=fedavg: " \
+        "algorithm.lr=1.0; algorithm=local: algorithm.lr=0.01" in (
+            tmp_path / "sweep" / "tuned.md").read_text()  # fmt: skip
     # The cap: with one extension and fedavg best at 1.0, the second pass reports the edge.
     (tmp_path / "sweep" / "tuned.json").unlink()
     summary = tmp_path / "sweep" / "fedavg-1.0" / "summary.json"
@@ -151,6 +165,25 @@ def test_extend_edges_adds_the_value_past_each_edge_until_every_choice_is_inside
     assert out.count("adding") == 1 and "- algorithm=fedavg: algorithm.lr=1.0 (largest)" in out
 
 
+def test_a_value_added_past_one_rows_edge_is_launched_for_that_row_only(tmp_path):
+    from fedjax_semi.results.tune import launches
+    from fedjax_semi.results.tune_plan import Plan
+
+    rows = [{"algorithm": "fedavg"}, {"algorithm": "local"}]
+    plan = Plan("p", rows, [[{}], [{}]], {"algorithm.lr": ["0.03", "0.3"]}, [0], 0.2, [], [],
+                tmp_path, False, "accuracy", rounds=[2, 2])  # fmt: skip
+    shared = launches(plan, 1, "basic")  # one product of the rows: one multirun
+    assert [(c[-3:], n) for c, n in shared] == [
+        (["algorithm=fedavg,local", "algorithm.lr=0.03,0.3", "seed=0"], 4)
+    ]
+    plan.added = [{"algorithm.lr": ["1.0"]}, {}]
+    split = launches(plan, 1, "basic")
+    assert [(c[-3:], n) for c, n in split] == [
+        (["algorithm=fedavg", "algorithm.lr=0.03,0.3,1.0", "seed=0"], 3),
+        (["algorithm=local", "algorithm.lr=0.03,0.3", "seed=0"], 2),
+    ]
+
+
 def test_the_value_past_an_edge_follows_the_grids_ladder():
     from fedjax_semi.results.tune_plan import Plan
     from fedjax_semi.results.tune_select import Choice, next_values
@@ -158,7 +191,7 @@ def test_the_value_past_an_edge_follows_the_grids_ladder():
     def past(values: list[str], chosen: str) -> dict:
         plan = Plan("p", [{"algorithm": "a"}], [[{}]], {"k": values}, [0], 0.2, [], [],
                     Path("."), False, "accuracy")  # fmt: skip
-        return next_values(plan, [Choice({"algorithm": "a"}, {"k": chosen}, 0.5)])
+        return next_values(plan, [Choice({"algorithm": "a"}, {"k": chosen}, 0.5)])[0]
 
     assert past(["0.01", "0.03", "0.1"], "0.1") == {"k": ["0.3"]}  # not 0.30000000000000004
     assert past(["0.03", "0.1", "0.3"], "0.3") == {"k": ["1.0"]}  # 1.0 as trials name it

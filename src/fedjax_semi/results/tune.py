@@ -313,7 +313,7 @@ def scan(plan: Plan) -> dict[frozenset, Path]:
         tid = trial_id(overrides, plan.constant_keys())
         found[tid] = run_dir
         named = {k for k, _ in tid}
-        grid = {k: vs for k, vs in plan.grid.items() if k not in named}
+        grid = {k: vs for k, vs in plan.all_values().items() if k not in named}
         flat = None  # the run's config, read once and only when some key is absent
         for keys in knob_sets:
             absent = grid | {k: knobs[k] for k in keys if k not in named}
@@ -363,8 +363,8 @@ def launches(plan: Plan, jobs: int, launcher: str) -> list[tuple[list[str], int]
     found = scan(plan)
     const = plan.constant_keys()
     groups: dict[str, list[int]] = {}
-    for r in range(len(plan.rows)):
-        groups.setdefault(json.dumps(plan.settings[r]), []).append(r)
+    for r in range(len(plan.rows)):  # one multirun per knob settings and grid
+        groups.setdefault(json.dumps([plan.settings[r], plan.row_grid(r)]), []).append(r)
     out = []
     for members in groups.values():
         for rows in _products([plan.rows[r] for r in members], members):
@@ -381,7 +381,7 @@ def launches(plan: Plan, jobs: int, launcher: str) -> list[tuple[list[str], int]
                     # Only the grid values some missing trial needs: a point answered by an
                     # older trial (scan) is not launched again under a new directory name.
                     grid = {k: [v for v in vs if any(p[k] == v for p in missing)]
-                            for k, vs in plan.grid.items()}  # fmt: skip
+                            for k, vs in plan.row_grid(rows[0]).items()}  # fmt: skip
                     out.append((_command(plan, rows, setting, grid, jobs, launcher), len(missing)))
     return out
 
@@ -462,10 +462,15 @@ def main(argv: list[str] | None = None) -> None:
     metric = args.metric or plan.default_metric
     for extensions_left in range(flags["extend"], -1, -1):
         todo = launches(plan, flags["jobs"], args.launcher)
-        total = sum(len(plan.trials(r)) for r in range(len(plan.rows)))
+        points = [len(plan.points(r)) for r in range(len(plan.rows))]
+        shape = (
+            f"{len(plan.rows)} rows x {points[0]} grid points"
+            if len(set(points)) == 1
+            else f"{len(plan.rows)} rows, {sum(points)} grid points in all"
+        )
         print(
-            f"fedjax-semi-tune: {len(plan.rows)} rows x {len(plan.points(0))} grid points x "
-            f"{len(plan.seeds)} seeds = {total} trials on partition.holdout={plan.holdout}; "
+            f"fedjax-semi-tune: {shape} x {len(plan.seeds)} seeds = "
+            f"{sum(points) * len(plan.seeds)} trials on partition.holdout={plan.holdout}; "
             f"{sum(m for _, m in todo)} to run, in {plan.sweep_dir}"
         )
         for cmd, _ in todo:
@@ -481,13 +486,19 @@ def main(argv: list[str] | None = None) -> None:
         # Losses and costs (Ada-FedSemi's cum_cost, Eq. 10) are minimised, the rest maximised.
         choices = select(plan, results, minimize=metric.endswith(MINIMIZED_SUFFIXES))
         finished = all(v is not None for points in results for p in points for v in p.values)
-        added = next_values(plan, choices) if extensions_left and finished else {}
-        if not added:
+        added = next_values(plan, choices) if extensions_left and finished else []
+        if not any(added):
             break
-        for key, values in added.items():  # the grid stays sorted: the table reads in order
-            plan.grid[key] = sorted(plan.grid[key] + values, key=float)
-        print(f"fedjax-semi-tune: a choice at the grid's edge; adding "
-              f"{', '.join(f'{k}={v}' for k, vs in added.items() for v in vs)} "
+        plan.added += [{} for _ in range(len(plan.rows) - len(plan.added))]
+        for r, extra in enumerate(added):  # for that row only (Plan.row_grid)
+            for key, values in extra.items():
+                plan.added[r].setdefault(key, []).extend(values)
+        what = "; ".join(
+            f"{_label(plan.rows[r])}: " + ", ".join(f"{k}={v}" for k, vs in e.items() for v in vs)
+            for r, e in enumerate(added)
+            if e
+        )
+        print(f"fedjax-semi-tune: a choice at its grid's edge; adding, for that row only, {what} "
               f"(--extend-edges: {extensions_left - 1} more after this)")  # fmt: skip
     conf_out = Path(args.conf_out) if args.conf_out else CONF_DIR / "tuned"
     command = shlex.join(["fedjax-semi-tune", *(sys.argv[1:] if argv is None else argv)])

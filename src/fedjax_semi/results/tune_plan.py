@@ -26,13 +26,28 @@ class Plan:
     tuned_group: bool  # the preset loads conf/tuned/<preset>.yaml
     default_metric: str  # the preset's stop.metric
     rounds: list[int] = field(default_factory=list)  # per row
+    # Per row: the values --extend-edges added past that row's choice (its grid only).
+    added: list[dict[str, list[str]]] = field(default_factory=list)
+
+    def row_grid(self, r: int) -> dict[str, list[str]]:
+        """Row r's grid: the command's, with the values added past its own edges (sorted)."""
+        extra = self.added[r] if r < len(self.added) else {}
+        return {k: _merged(vs, extra.get(k, [])) for k, vs in self.grid.items()}
+
+    def all_values(self) -> dict[str, list[str]]:
+        """Every value some row's grid holds, per axis (sorted where values were added)."""
+        out = dict(self.grid)
+        for extra in self.added:
+            out = {k: _merged(vs, extra.get(k, [])) for k, vs in out.items()}
+        return out
 
     def points(self, r: int) -> list[dict[str, str]]:
-        """Row r's grid points: each knob setting with each grid value combination."""
-        keys = list(self.grid)
-        combos = itertools.product(*(self.grid[k] for k in keys))
-        grid = [dict(zip(keys, c, strict=True)) for c in combos]
-        return [{**s, **g} for s in self.settings[r] for g in grid]
+        """Row r's grid points: each knob setting with each value combination of its grid."""
+        grid = self.row_grid(r)
+        keys = list(grid)
+        combos = itertools.product(*(grid[k] for k in keys))
+        points = [dict(zip(keys, c, strict=True)) for c in combos]
+        return [{**s, **g} for s in self.settings[r] for g in points]
 
     def trials(self, r: int) -> list[tuple[dict[str, str], int]]:
         return [(p, s) for p in self.points(r) for s in self.seeds]
@@ -41,6 +56,13 @@ class Plan:
         """Task keys that are the same in every trial: left out of the trial directory names."""
         keys = ["experiment", "resume", "tuned", "partition.holdout"]
         return keys + [key_of(o) for o in self.task_extras]
+
+
+def _merged(values: list[str], extra: list[str]) -> list[str]:
+    """An axis's values with added ones, numerically sorted so tables read in order (only
+    numeric axes get values added)."""
+    new = [v for v in extra if v not in values]
+    return sorted(values + new, key=float) if new else values
 
 
 def key_of(override: str) -> str:

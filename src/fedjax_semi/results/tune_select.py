@@ -11,6 +11,7 @@ grid axis is reported (`at_edge`): the protocol then adds the next value past it
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -134,13 +135,13 @@ def select(plan: Plan, results: list[list[PointResult]], minimize: bool = False)
     return choices
 
 
-def _edges(plan: Plan, choice: Choice) -> list[tuple[str, bool]]:
-    """(key, is the largest) for each numeric grid axis on which the row's chosen value is the
-    grid's smallest or largest."""
+def _edges(plan: Plan, r: int, choice: Choice) -> list[tuple[str, bool]]:
+    """(key, is the largest) for each numeric grid axis on which row r's chosen value is the
+    smallest or largest of its grid."""
     if choice.point is None:
         return []
     edges = []
-    for key, values in plan.grid.items():
+    for key, values in plan.row_grid(r).items():
         try:
             nums = [float(v) for v in values]
         except ValueError:  # a categorical axis (server_exit_losses=all,final) has no edge
@@ -153,14 +154,14 @@ def _edges(plan: Plan, choice: Choice) -> list[tuple[str, bool]]:
     return edges
 
 
-def at_edge(plan: Plan, choice: Choice) -> list[str]:
-    """The numeric grid axes on which the row's chosen value is the grid's smallest or largest:
+def at_edge(plan: Plan, r: int, choice: Choice) -> list[str]:
+    """The numeric grid axes on which row r's chosen value is its grid's smallest or largest:
     the best may lie past it, so the protocol adds the next value beyond it (the trials already
     run are reused). A value past the choice that diverged or scored lower is what makes it
     inside."""
     return [
         f"{key}={choice.point[key]} ({'largest' if up else 'smallest'})"
-        for key, up in _edges(plan, choice)
+        for key, up in _edges(plan, r, choice)
     ]
 
 
@@ -189,14 +190,16 @@ def _step(nums: list[float], up: bool) -> float | None:
     return edge * ratio if up else edge / ratio
 
 
-def next_values(plan: Plan, choices: list[Choice]) -> dict[str, list[str]]:
-    """The edge rule: per numeric grid axis, the value past each edge some row's choice sits on
-    (`at_edge`), written like the axis's values (integers stay integers, `1.0` not `1`, so a
-    trial run before keeps its directory name)."""
-    added: dict[str, list[str]] = {}
-    for choice in choices:
-        for key, up in _edges(plan, choice):
-            values = plan.grid[key]
+def next_values(plan: Plan, choices: list[Choice]) -> list[dict[str, list[str]]]:
+    """The edge rule, per row: for each numeric axis, the value past the edge of the row's own
+    grid that its choice sits on (`at_edge`), written like the axis's values (integers stay
+    integers, `1.0` not `1`, so a trial run before keeps its directory name). Only that row
+    runs it."""
+    out = []
+    for r, choice in enumerate(choices):
+        added: dict[str, list[str]] = {}
+        for key, up in _edges(plan, r, choice):
+            values = plan.row_grid(r)[key]
             x = _step([float(v) for v in values], up=up)
             if x is None:
                 continue
@@ -204,7 +207,8 @@ def next_values(plan: Plan, choices: list[Choice]) -> dict[str, list[str]]:
             text = str(round(x)) if ints else repr(float(f"{x:.6g}"))
             if text not in values and text not in added.get(key, []):
                 added.setdefault(key, []).append(text)
-    return added
+        out.append(added)
+    return out
 
 
 def _cell(p: PointResult, chosen: bool) -> str:
@@ -219,21 +223,38 @@ def _cell(p: PointResult, chosen: bool) -> str:
 
 
 def table(plan: Plan, results: list[list[PointResult]], choices: list[Choice]) -> str:
-    """Markdown: a line per row (and knob setting), a column per grid point; [chosen]."""
-    keys = list(plan.grid)
+    """Markdown: a line per row (and knob setting), a column per value combination of any
+    row's grid ("" where a row's grid lacks it: a value added past another row's edge);
+    [chosen]."""
+    grid = plan.all_values()
+    keys = list(grid)
+    combos = [dict(zip(keys, c, strict=True)) for c in itertools.product(*grid.values())]
     short = lambda k: k.split(".")[-1]  # noqa: E731
-    heads = None
-    lines = []
+    heads = [" ".join(f"{short(k)}={c[k]}" for k in keys) for c in combos]
+    lines = ["| row | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     for r, (points, choice) in enumerate(zip(results, choices, strict=True)):
+        by_point = {json.dumps(p.point, sort_keys=True): p for p in points}
         for s in plan.settings[r]:
-            mine = [p for p in points if all(p.point.get(k) == v for k, v in s.items())]
-            if heads is None:
-                heads = [" ".join(f"{short(k)}={p.point[k]}" for k in keys) for p in mine]
-                lines += ["| row | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
             label = _row_label(plan.rows[r]) + "".join(f" {short(k)}={v}" for k, v in s.items())
-            cells = [_cell(p, choice.point == p.point) for p in mine]
+            found = [by_point.get(json.dumps({**s, **c}, sort_keys=True)) for c in combos]
+            cells = ["" if p is None else _cell(p, choice.point == p.point) for p in found]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _added_text(plan: Plan) -> str:
+    """The values --extend-edges added past a row's edge, per row ("" when none)."""
+    parts = [
+        f"{_row_label(plan.rows[r])}: "
+        + ", ".join(f"{k}={v}" for k, vs in extra.items() for v in vs)
+        for r, extra in enumerate(plan.added)
+        if extra
+    ]
+    return (
+        "; added past a row's edge (--extend-edges), for that row only: " + "; ".join(parts)
+        if parts
+        else ""
+    )
 
 
 def _row_label(row: dict[str, str]) -> str:
@@ -296,13 +317,14 @@ def write_outputs(
         f"{metric} ({cut.describe()}) on the validation split partition.holdout={plan.holdout} "
         "(held out of the clients' training rows; the test split is never read), ties to the "
         "smaller lr.",
-        "Grid (every row the same): "
+        "Grid: "
         + "; ".join(f"{k} in [{', '.join(v)}]" for k, v in plan.grid.items())
         + (
             "; each method's SENSITIVE_KNOBS (--knobs)"
             if any(s != [{}] for s in plan.settings)
             else ""
-        ),
+        )
+        + _added_text(plan),
         f"Command: {command}",
         f"Trials and table: {plan.sweep_dir}/tuned.md",
     ]
@@ -312,7 +334,7 @@ def write_outputs(
         if c.point is None:
             print(f"fedjax-semi-tune: warning: row {_row_label(c.row)}: no grid point finished "
                   "on every seed without diverging; nothing chosen")  # fmt: skip
-    edges = [at_edge(plan, c) for c in choices]
+    edges = [at_edge(plan, r, c) for r, c in enumerate(choices)]
     edge_lines = [
         f"- {_row_label(c.row)}: {', '.join(e)}" for c, e in zip(choices, edges, strict=True) if e
     ]
@@ -330,9 +352,9 @@ def write_outputs(
         "grid": plan.grid, "metric": metric, "last_k": cut.last_k,
         "budget_time": cut.budget_time, "command": command,
         "rows": [
-            {"row": c.row, "chosen": c.point, "mean": c.mean, "at_edge": e,
-             "points": [vars(p) for p in points]}
-            for c, e, points in zip(choices, edges, results, strict=True)
+            {"row": c.row, "grid": plan.row_grid(r), "chosen": c.point, "mean": c.mean,
+             "at_edge": e, "points": [vars(p) for p in points]}
+            for r, (c, e, points) in enumerate(zip(choices, edges, results, strict=True))
         ],
         "missing": missing,
     }  # fmt: skip
