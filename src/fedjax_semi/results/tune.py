@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import shlex
 import subprocess
@@ -29,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from fedjax_semi.errors import ConfigError, bad
-from fedjax_semi.results.tune_plan import LR, Plan, key_of, trial_id
+from fedjax_semi.results.tune_launch import check_dir, launches, scan, value_text
+from fedjax_semi.results.tune_plan import LR, Plan, added_by_row, key_of, row_label
 from fedjax_semi.results.tune_select import Cut, collect, next_values, select, write_outputs
-from fedjax_semi.tuned import run_complete
 
 __all__ = ["DEFAULT_LR_GRID", "SENSITIVE_KNOBS", "main"]
 
@@ -252,7 +251,8 @@ def make_plan(flags: dict[str, Any], args: argparse.Namespace) -> Plan:
             rc = _compose(ov + (["tuned=[]"] if tuned_group else []))
         except Exception as e:  # noqa: BLE001
             first = str(e).strip().splitlines()[0]
-            raise ConfigError(f"row {_label(row)} of {preset} does not compose: {first}") from None
+            msg = f"row {row_label(row)} of {preset} does not compose: {first}"
+            raise ConfigError(msg) from None
         name = str(rc.algorithm.name)
         # A method without sensitive knobs has one setting: the preset's values.
         settings = [dict(s) for s in SENSITIVE_KNOBS.get(name, ())] if args.knobs else []
@@ -260,184 +260,20 @@ def make_plan(flags: dict[str, Any], args: argparse.Namespace) -> Plan:
         for key in [*plan.grid, *(k for s in settings for k in s)]:
             if OmegaConf.select(rc, key, default=_ABSENT, throw_on_missing=False) is _ABSENT:
                 flag = "--grid" if key in plan.grid else "--knobs"
-                raise bad(flag, key, f"a config key of row {_label(row)} ({name})")
+                raise bad(flag, key, f"a config key of row {row_label(row)} ({name})")
         if int(rc.get("replicas", 1)) != 1:
             raise bad("replicas", rc.replicas, "1 for tuning (its seeds are --seeds)")
-        plan.settings.append([{k: _text(v) for k, v in s.items()} for s in settings])
+        plan.settings.append([{k: value_text(v) for k, v in s.items()} for s in settings])
         plan.rounds.append(int(rc.rounds))
         names.append(name)
     if args.knobs:
-        sizes = {_label(r): len(s) for r, s in zip(plan.rows, plan.settings, strict=True)}
+        sizes = {row_label(r): len(s) for r, s in zip(plan.rows, plan.settings, strict=True)}
         if len(set(sizes.values())) > 1:
             raise bad(
                 "--knobs", True, "rows whose knob grids have equal sizes (every row the same "
                 f"number of trials); here {sizes}: narrow them with --rows",
             )  # fmt: skip
     return plan
-
-
-def _label(row: dict[str, str]) -> str:
-    return " ".join(f"{k}={v}" for k, v in row.items())
-
-
-def _text(value: Any) -> str:
-    return json.dumps(value) if isinstance(value, bool) else str(value)
-
-
-# ----------------------------------------------------------------------------- launching
-
-
-def scan(plan: Plan) -> dict[frozenset, Path]:
-    """Trial identity -> run directory, for every trial directory under the sweep dir.
-
-    A trial run before a grid key joined the search (its overrides lack the key) also answers
-    for the grid point where that key takes the value the trial ran at (its run_config.json),
-    so adding an axis whose grid holds the current value reruns nothing. The same holds for
-    --knobs: a trial run before them answers for the knob setting it ran at (each row's knob
-    keys tried in turn). An explicit trial wins over such a stand-in."""
-    import yaml
-
-    knobs: dict[str, list[str]] = {}
-    for row_settings in plan.settings:
-        for setting in row_settings:
-            for k, v in setting.items():
-                knobs.setdefault(k, []).append(v)
-    # One row's knob keys at a time: a run's config may hold another method's knob key too
-    # (UM-pFSSL's pl_threshold: null), which must not enter its identity.
-    knob_sets = {frozenset(s) for row_settings in plan.settings for s in row_settings}
-    knob_sets = knob_sets or {frozenset()}
-    found, implied = {}, {}
-    for path in plan.sweep_dir.glob("*/.hydra/overrides.yaml"):
-        overrides = yaml.safe_load(path.read_text()) or []
-        run_dir = path.parent.parent
-        tid = trial_id(overrides, plan.constant_keys())
-        found[tid] = run_dir
-        named = {k for k, _ in tid}
-        grid = {k: vs for k, vs in plan.all_values().items() if k not in named}
-        flat = None  # the run's config, read once and only when some key is absent
-        for keys in knob_sets:
-            absent = grid | {k: knobs[k] for k in keys if k not in named}
-            if not absent:
-                continue
-            flat = _run_config(run_dir) if flat is None else flat
-            if all(k in flat for k in absent):
-                ran = {k: _grid_spelling(vs, _text(flat[k])) for k, vs in absent.items()}
-                implied.setdefault(tid | frozenset(ran.items()), run_dir)
-    return {**implied, **found}
-
-
-def _run_config(run_dir: Path) -> dict[str, Any]:
-    """The run's settings (run_config.json) as flat dotted keys; {} when the file is missing or
-    unreadable. Values are spelled as the grid spells the same number by _grid_spelling."""
-    from fedjax_semi.run_config import RUN_CONFIG, flat_keys
-
-    try:
-        return flat_keys(json.loads((run_dir / RUN_CONFIG).read_text()))
-    except (OSError, ValueError):
-        return {}
-
-
-def _grid_spelling(values: list[str], ran: str) -> str:
-    for v in values:
-        try:
-            if float(v) == float(ran):
-                return v
-        except ValueError:
-            continue
-    return ran
-
-
-def _done(run_dir: Path | None, rounds: int) -> bool:
-    path = None if run_dir is None else run_dir / "summary.json"
-    if path is None or not path.exists():
-        return False
-    try:
-        return run_complete(json.loads(path.read_text()), rounds, same_stop=True)
-    except ValueError:
-        return False
-
-
-def launches(plan: Plan, jobs: int, launcher: str) -> list[tuple[list[str], int]]:
-    """The multiruns that cover every trial not done yet: (command, missing trials). Rows with
-    the same knob settings form one multirun when they are a product of their keys."""
-    found = scan(plan)
-    const = plan.constant_keys()
-    groups: dict[str, list[int]] = {}
-    for r in range(len(plan.rows)):  # one multirun per knob settings and grid
-        groups.setdefault(json.dumps([plan.settings[r], plan.row_grid(r)]), []).append(r)
-    out = []
-    for members in groups.values():
-        for rows in _products([plan.rows[r] for r in members], members):
-            for setting in plan.settings[rows[0]]:
-                missing = [
-                    p
-                    for r in rows
-                    for p, s in plan.trials(r)
-                    if all(p.get(k) == v for k, v in setting.items())
-                    and not _done(found.get(trial_id({**plan.rows[r], **p, "seed": str(s)}, const)),
-                                  plan.rounds[r])
-                ]  # fmt: skip
-                if missing:
-                    # Only the grid values some missing trial needs: a point answered by an
-                    # older trial (scan) is not launched again under a new directory name.
-                    grid = {k: [v for v in vs if any(p[k] == v for p in missing)]
-                            for k, vs in plan.row_grid(rows[0]).items()}  # fmt: skip
-                    out.append((_command(plan, rows, setting, grid, jobs, launcher), len(missing)))
-    return out
-
-
-def _products(rows: list[dict[str, str]], ids: list[int]) -> list[list[int]]:
-    """The rows as one product of their keys' values when they are one, else one per row."""
-    keys = list(rows[0])
-    values = [sorted({r[k] for r in rows}) for k in keys]
-    if math.prod(len(v) for v in values) == len(rows):
-        return [ids]
-    return [[i] for i in ids]
-
-
-def _command(
-    plan: Plan,
-    rows: list[int],
-    setting: dict[str, str],
-    grid: dict[str, list[str]],
-    jobs: int,
-    launcher: str,
-) -> list[str]:
-    first = plan.rows[rows[0]]
-    axes = {k: list(dict.fromkeys(plan.rows[r][k] for r in rows)) for k in first}
-    exclude = ",".join(plan.constant_keys())
-    cmd = [
-        sys.executable, "-m", "fedjax_semi.cli", "-m", f"+experiment={plan.preset}",
-        *plan.hydra_extras, *plan.task_extras, f"partition.holdout={plan.holdout}", "resume=true",
-        *(["tuned=[]"] if plan.tuned_group else []),
-        f"hydra.sweep.dir={plan.sweep_dir}", "hydra.sweep.subdir=${hydra.job.override_dirname}",
-        f"hydra.job.config.override_dirname.exclude_keys=[{exclude}]",
-        *(f"{k}={','.join(v)}" for k, v in axes.items()),
-        *(f"{k}={v}" for k, v in setting.items()),
-        *(f"{k}={','.join(v)}" for k, v in grid.items()),
-        f"seed={','.join(map(str, plan.seeds))}",
-    ]  # fmt: skip
-    if launcher != "basic":
-        cmd.append(f"hydra/launcher={launcher}")
-    if launcher == "joblib":
-        cmd.append(f"hydra.launcher.n_jobs={jobs}")
-    return cmd
-
-
-def _check_dir(plan: Plan) -> None:
-    """A sweep dir belongs to one tuning setup: the same preset, holdout and overrides."""
-    path = plan.sweep_dir / "tune.json"
-    mine = {"preset": plan.preset, "holdout": plan.holdout, "overrides": plan.task_extras}
-    if path.exists():
-        old = json.loads(path.read_text())
-        if {k: old.get(k) for k in mine} != mine:
-            raise bad(
-                "--dir", str(plan.sweep_dir), f"a new directory: it holds a tuning of {old} (its "
-                f"trials would not be this one's {mine})",
-            )  # fmt: skip
-    else:
-        plan.sweep_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(mine, indent=1))
 
 
 # ----------------------------------------------------------------------------- main
@@ -456,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
         flags = check_flags(args)
         plan = make_plan(flags, args)
         if not args.dry_run:
-            _check_dir(plan)
+            check_dir(plan)
     except ConfigError as e:
         _fail(str(e))
     metric = args.metric or plan.default_metric
@@ -493,11 +329,7 @@ def main(argv: list[str] | None = None) -> None:
         for r, extra in enumerate(added):  # for that row only (Plan.row_grid)
             for key, values in extra.items():
                 plan.added[r].setdefault(key, []).extend(values)
-        what = "; ".join(
-            f"{_label(plan.rows[r])}: " + ", ".join(f"{k}={v}" for k, vs in e.items() for v in vs)
-            for r, e in enumerate(added)
-            if e
-        )
+        what = added_by_row(plan.rows, added)
         print(f"fedjax-semi-tune: a choice at its grid's edge; adding, for that row only, {what} "
               f"(--extend-edges: {extensions_left - 1} more after this)")  # fmt: skip
     conf_out = Path(args.conf_out) if args.conf_out else CONF_DIR / "tuned"

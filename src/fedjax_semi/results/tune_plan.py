@@ -65,6 +65,20 @@ def _merged(values: list[str], extra: list[str]) -> list[str]:
     return sorted(values + new, key=float) if new else values
 
 
+def row_label(row: dict[str, str]) -> str:
+    """A row as its overrides: `algorithm=fixavg partition.alpha=5.0`."""
+    return " ".join(f"{k}={v}" for k, v in row.items())
+
+
+def added_by_row(rows: list[dict[str, str]], added: list[dict[str, list[str]]]) -> str:
+    """Values added past rows' edges, per row: `algorithm=a: algorithm.lr=1.0; ...` ("" if none)."""
+    return "; ".join(
+        f"{row_label(rows[r])}: " + ", ".join(f"{k}={v}" for k, vs in extra.items() for v in vs)
+        for r, extra in enumerate(added)
+        if extra
+    )
+
+
 def key_of(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 

@@ -22,7 +22,7 @@ import numpy as np
 import yaml
 
 from fedjax_semi.results.report import cut_value
-from fedjax_semi.results.tune_plan import LR, Plan, trial_id
+from fedjax_semi.results.tune_plan import LR, Plan, added_by_row, row_label, trial_id
 from fedjax_semi.tuned import run_complete
 
 __all__ = ["Choice", "PointResult", "collect", "select", "write_outputs"]
@@ -235,7 +235,7 @@ def table(plan: Plan, results: list[list[PointResult]], choices: list[Choice]) -
     for r, (points, choice) in enumerate(zip(results, choices, strict=True)):
         by_point = {json.dumps(p.point, sort_keys=True): p for p in points}
         for s in plan.settings[r]:
-            label = _row_label(plan.rows[r]) + "".join(f" {short(k)}={v}" for k, v in s.items())
+            label = row_label(plan.rows[r]) + "".join(f" {short(k)}={v}" for k, v in s.items())
             found = [by_point.get(json.dumps({**s, **c}, sort_keys=True)) for c in combos]
             cells = ["" if p is None else _cell(p, choice.point == p.point) for p in found]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
@@ -244,21 +244,10 @@ def table(plan: Plan, results: list[list[PointResult]], choices: list[Choice]) -
 
 def _added_text(plan: Plan) -> str:
     """The values --extend-edges added past a row's edge, per row ("" when none)."""
-    parts = [
-        f"{_row_label(plan.rows[r])}: "
-        + ", ".join(f"{k}={v}" for k, vs in extra.items() for v in vs)
-        for r, extra in enumerate(plan.added)
-        if extra
-    ]
-    return (
-        "; added past a row's edge (--extend-edges), for that row only: " + "; ".join(parts)
-        if parts
-        else ""
-    )
-
-
-def _row_label(row: dict[str, str]) -> str:
-    return " ".join(f"{k}={v}" for k, v in row.items())
+    parts = added_by_row(plan.rows, plan.added)
+    if not parts:
+        return ""
+    return f"; added past a row's edge (--extend-edges), for that row only: {parts}"
 
 
 def _typed(values: dict[str, str]) -> dict[str, Any]:
@@ -305,7 +294,7 @@ def write_outputs(
     """Prints the table, writes tuned.md and tuned.json in the sweep dir and, when every trial
     finished, conf_out/<preset>.yaml. Returns the exit code (1: trials missing)."""
     missing = [
-        d or f"row {_row_label(plan.rows[r])} point {p.point} seed {plan.seeds[i]}"
+        d or f"row {row_label(plan.rows[r])} point {p.point} seed {plan.seeds[i]}"
         for r, points in enumerate(results)
         for p in points
         for i, (v, d) in enumerate(zip(p.values, p.dirs, strict=True))
@@ -332,11 +321,11 @@ def write_outputs(
     print(md)
     for c in choices:
         if c.point is None:
-            print(f"fedjax-semi-tune: warning: row {_row_label(c.row)}: no grid point finished "
+            print(f"fedjax-semi-tune: warning: row {row_label(c.row)}: no grid point finished "
                   "on every seed without diverging; nothing chosen")  # fmt: skip
     edges = [at_edge(plan, r, c) for r, c in enumerate(choices)]
     edge_lines = [
-        f"- {_row_label(c.row)}: {', '.join(e)}" for c, e in zip(choices, edges, strict=True) if e
+        f"- {row_label(c.row)}: {', '.join(e)}" for c, e in zip(choices, edges, strict=True) if e
     ]
     if edge_lines:
         print("fedjax-semi-tune: chosen at the grid's edge (the best may lie past it; add the "
