@@ -12,6 +12,8 @@
         1 epoch, batch 10 (the setting of FLUTE's LR-MNIST comparison with Flower, with the MLP).
     W4  One UM-pFSSL round (ResNet-9 with MC dropout, spec `uncertainty_pfssl.md`): 100 clients,
         10 per round, Fashion-MNIST shapes, `model.width` of the CPU preset unless told.
+    W4R W4 in UM-pFSSL's setting of record (`+experiment=um_pfssl_table1_record`, α = 5): 100
+        clients, 20 per round, 5 warm-up epochs; not in the default list (its warm-up is long).
 
 Inputs are synthetic images and labels of the real shapes (speed does not depend on pixel
 values); `learnable_dataset` gives real Fashion-MNIST in a workload's shape for the accuracy
@@ -143,6 +145,21 @@ WORKLOADS: dict[str, Workload] = {
             server_lr=1.0,
             model=(),
             extra=("+experiment=um_pfssl_table1_cpu",),
+        ),
+        Workload(
+            "W4R",
+            "UM-pFSSL round of the setting of record: 100 clients, cohort 20, alpha 5",
+            (28, 28, 1),
+            10,
+            clients=100,
+            per_client=600,
+            cohort=20,
+            local_epochs=1,
+            batch=64,
+            lr=0.03,
+            server_lr=1.0,
+            model=(),
+            extra=("+experiment=um_pfssl_table1_record", "partition.alpha=5.0"),
         ),
     )
 }
