@@ -146,23 +146,18 @@ WORKLOADS: dict[str, Workload] = {
             model=(),
             extra=("+experiment=um_pfssl_table1_cpu",),
         ),
-        Workload(
-            "W4R",
-            "UM-pFSSL round of the setting of record: 100 clients, cohort 20, alpha 5",
-            (28, 28, 1),
-            10,
-            clients=100,
-            per_client=600,
-            cohort=20,
-            local_epochs=1,
-            batch=64,
-            lr=0.03,
-            server_lr=1.0,
-            model=(),
-            extra=("+experiment=um_pfssl_table1_record", "partition.alpha=5.0"),
-        ),
     )
 }
+# W4 in the setting of record: only the cohort, batch, lr and preset differ.
+WORKLOADS["W4R"] = dataclasses.replace(
+    WORKLOADS["W4"],
+    name="W4R",
+    title="UM-pFSSL round of the setting of record: 100 clients, cohort 20, alpha 5",
+    cohort=20,
+    batch=64,
+    lr=0.03,
+    extra=("+experiment=um_pfssl_table1_record", "partition.alpha=5.0"),
+)
 
 
 def synthetic_dataset(w: Workload, clients: int | None = None, test: int = 1000, seed: int = 0):
