@@ -5,7 +5,8 @@ selects nothing and FedSemi-P-1.0 = FedAvg-P bit for bit (7, 8), the server epoc
 and its skip (9), chunk=1 = chunk=all = the reference loop, the validation set and the pool's
 hidden labels never train anything, a spent budget stopping the run in the run loop (17), the
 heterogeneous TX2 clock with its waiting ratio, the preference switch, and one-line errors for
-bad input. The kernels: test_bandit.py, test_ada_cost.py; HeteroAda-FedSemi: test_hetero_ada.py."""
+bad input. The kernels: test_bandit.py, test_ada_cost.py; HeteroAda-FedSemi: test_hetero_ada.py and
+test_hetero_ada_parts.py."""
 
 from __future__ import annotations
 

@@ -39,8 +39,8 @@ def run_rounds(exp, runner, rounds: int) -> list[dict]:
 # DoFed-SPP, FedFomo and FedBE check chunk=1 = chunk=all = reference loop on their own partition
 # in test_dofed_spp.py / test_dofed_baselines.py; the mapping does not depend on the partition.
 # CFSL and HFSL: test_cfsl.py, through a split and labeling. Ada-FedSemi, FedSemi and FedAvg-P
-# (the ada partition's server pool and validation set): test_ada_fedsemi.py; HeteroAda-FedSemi
-# (also the multi-exit model and the TX2 clock): test_hetero_ada.py.
+# (the ada partition's server pool and validation set): test_ada_fedsemi.py; HeteroAda-FedSemi:
+# test_hetero_ada.py (its multi-exit model and the TX2 clock: test_hetero_ada_parts.py).
 ADA = ("ada_fedsemi", "fedsemi", "fedavg_p", "hetero_ada")
 # SCAFFOLD: test_scaffold.py. CoFED and FedMD need a public set (partition=cofed, a server
 # pool): test_cofed.py and test_fedmd.py check their grouped program against the reference loop.
