@@ -5,7 +5,13 @@ in test_tuned_apply.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -377,3 +383,28 @@ def test_sensitive_knobs_are_valid_settings_of_their_methods():
 
 
 # ----------------------------------------------------------------------------- the app's side
+
+
+def test_a_killed_tuner_ends_its_multirun(tmp_path):
+    # SIGTERM to the tuner (a scheduler's kill) must not leave its multirun running: the orphan
+    # went on writing trial directories that a rerun of the tuner then trained a second time.
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(99)"
+    tuner = subprocess.Popen([
+        sys.executable, "-c",
+        "import sys; from fedjax_semi.results.tune_launch import run_multirun; "
+        f"run_multirun([sys.executable, '-c', {child!r}])",
+    ])  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert tuner.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    child_pid = int(pid_file.read_text())
+    tuner.send_signal(signal.SIGTERM)
+    try:
+        assert tuner.wait(timeout=60) == 128 + signal.SIGTERM
+        with pytest.raises(ProcessLookupError):  # ended and reaped by the tuner
+            os.kill(child_pid, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child_pid, signal.SIGKILL)

@@ -22,13 +22,12 @@ import argparse
 import itertools
 import math
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from fedjax_semi.errors import ConfigError, bad
-from fedjax_semi.results.tune_launch import check_dir, launches, scan, value_text
+from fedjax_semi.results.tune_launch import check_dir, launches, run_multirun, scan, value_text
 from fedjax_semi.results.tune_plan import LR, Plan, added_by_row, key_of, row_label
 from fedjax_semi.results.tune_select import Cut, collect, next_values, select, write_outputs
 
@@ -312,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         for cmd, _ in todo:
             print("  " + shlex.join(cmd[2:]).replace("fedjax_semi.cli", "fedjax-semi", 1))
             if not args.dry_run:
-                subprocess.run(cmd, check=False)
+                run_multirun(cmd)
         if args.dry_run:
             return
         try:

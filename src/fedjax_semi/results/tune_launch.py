@@ -1,11 +1,13 @@
 """fedjax-semi-tune's launching half: find the trials run before (`scan`), the multiruns that
-cover the missing ones (`launches`), and the sweep directory's ownership (`check_dir`). The
-protocol is in results/tune.py and docs/tuning.md."""
+cover the missing ones (`launches`), run one of them (`run_multirun`), and the sweep directory's
+ownership (`check_dir`). The protocol is in results/tune.py and docs/tuning.md."""
 
 from __future__ import annotations
 
 import json
 import math
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from fedjax_semi.errors import bad
 from fedjax_semi.results.tune_plan import Plan, trial_id
 from fedjax_semi.tuned import run_complete
 
-__all__ = ["check_dir", "launches", "scan", "value_text"]
+__all__ = ["check_dir", "launches", "run_multirun", "scan", "value_text"]
 
 
 def value_text(value: Any) -> str:
@@ -156,6 +158,33 @@ def _command(
     if launcher == "joblib":
         cmd.append(f"hydra.launcher.n_jobs={jobs}")
     return cmd
+
+
+def run_multirun(cmd: list[str]) -> None:
+    """Run one multirun as a child process and wait for it. A SIGTERM to the tuner (a scheduler's
+    kill, `kill PID`) ends the child too, and the tuner exits 143: without this the child went on
+    writing into the sweep directory after the tuner was gone, and a rerun of the tuner then ran
+    the same trials twice at once. Ctrl-C reaches the child through the terminal; any other
+    interruption of the wait ends it here. The child's checkpoints keep what it finished."""
+    child = subprocess.Popen(cmd)
+    signals: list[int] = []
+
+    def end(signum: int, _frame: Any) -> None:
+        # Only signal here: waiting inside the handler would deadlock on the wait it interrupted.
+        signals.append(signum)
+        child.terminate()
+
+    previous = signal.signal(signal.SIGTERM, end)
+    try:
+        child.wait()
+    except BaseException:
+        child.terminate()
+        child.wait()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if signals:
+        sys.exit(128 + signals[0])
 
 
 def check_dir(plan: Plan) -> None:
