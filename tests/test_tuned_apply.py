@@ -83,21 +83,25 @@ def test_cfsl_records_each_scenario_takes_its_own_lr():
     assert apply(cfg) == knobs and cfg.algorithm.lr == 0.3
 
 
-def test_um_pfssl_records_choices_apply_at_alpha_5_only():
-    # conf/tuned/um_pfssl_table1_record.yaml holds the alpha-5 search; alpha 0.5 is not searched
-    # yet, so its runs keep the preset's values.
+def test_um_pfssl_records_choices_apply_at_their_own_alpha():
+    # conf/tuned/um_pfssl_table1_record.yaml holds the alpha-5 search and the alpha-0.5 rows
+    # searched so far; a row not searched at an alpha keeps the preset's values there.
     chosen = {
-        "fedavg_sl": {"algorithm.lr": 1.0},
-        "fixbn": {"algorithm.pl_threshold": 0.8, "algorithm.lr": 0.3},
-        "um_pfssl_record": {"algorithm.corr_form": "complement", "algorithm.lr": 0.03},
-        "local": {"algorithm.lr": 0.3},
+        "fedavg_sl": ({"algorithm.lr": 1.0}, {"algorithm.lr": 0.3}),
+        "fixavg": (
+            {"algorithm.pl_threshold": 0.95, "algorithm.lr": 0.1},
+            {"algorithm.pl_threshold": 0.95, "algorithm.lr": 0.3},
+        ),
+        "fixbn": ({"algorithm.pl_threshold": 0.8, "algorithm.lr": 0.3}, {}),
+        "local": ({"algorithm.lr": 0.3}, {"algorithm.lr": 0.3}),
     }
-    for alg, applied in chosen.items():
+    for alg, (at_5, at_half) in chosen.items():
         over = ["+experiment=um_pfssl_table1_record", f"algorithm={alg}"]
         cfg = compose_real(*over, "partition.alpha=5.0")
-        assert apply(cfg) == applied, alg
+        assert apply(cfg) == at_5, alg
         cfg = compose_real(*over, "partition.alpha=0.5")
-        assert apply(cfg) == {} and cfg.algorithm.lr == 0.03, alg
+        assert apply(cfg) == at_half, alg
+        assert cfg.algorithm.lr == at_half.get("algorithm.lr", 0.03), alg
 
 
 def test_fedmds_tuned_lr_reaches_every_phase_of_its_record():
