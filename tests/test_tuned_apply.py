@@ -93,6 +93,10 @@ def test_um_pfssl_records_choices_apply_at_their_own_alpha():
             {"algorithm.pl_threshold": 0.95, "algorithm.lr": 0.3},
         ),
         "fixbn": ({"algorithm.pl_threshold": 0.8, "algorithm.lr": 0.3}, {}),
+        "um_pfssl_record": (
+            {"algorithm.corr_form": "complement", "algorithm.lr": 0.03},
+            {"algorithm.corr_form": "complement", "algorithm.lr": 0.03},
+        ),
         "local": ({"algorithm.lr": 0.3}, {"algorithm.lr": 0.3}),
     }
     for alg, (at_5, at_half) in chosen.items():
