@@ -198,6 +198,13 @@ def corrupt_server_labels(fed, name: str, visible: bool):
     return dataclasses.replace(fed, y=new(fed.y) if visible else fed.y, eval_y=new(fed.eval_y))
 
 
+def client_of(tree, c: int):
+    """Client c's slice of a pytree stacked over clients (leading axis)."""
+    import jax
+
+    return jax.tree_util.tree_map(lambda a: a[c], tree)
+
+
 def run_rounds(runner, rounds: int, state=None):
     """(states after rounds 0..rounds, each round's metrics and evaluation) of a runner."""
     import jax

@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+from conftest import client_of
 from fedjax_semi.models import (
     MODELS,
     Conv,
@@ -272,10 +273,6 @@ def _images(n: int = 4, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size=(n, *SHAPE), dtype=np.uint8)
 
 
-def _client(tree, c: int):
-    return jax.tree_util.tree_map(lambda a: a[c], tree)
-
-
 @functools.cache
 def _setup(name: str):
     """Model (dropout 0.5), 3 clients' variables from a vmapped init, and a jitted apply.
@@ -303,7 +300,7 @@ def _setup(name: str):
 @pytest.mark.parametrize("name", ["mlp", "cnn", pytest.param("resnet9", marks=pytest.mark.slow)])
 def test_model_forward_modes(name: str) -> None:
     model, stacked, apply = _setup(name)
-    variables = _client(stacked, 0)
+    variables = client_of(stacked, 0)
     assert set(variables) == ({"params", "batch_stats"} if model.has_batch_stats else {"params"})
     # Model.init also works un-vmapped (traced only, to keep the test fast).
     assert _shapes(jax.eval_shape(model.init, jax.random.key(0))) == _shapes(variables)
@@ -353,7 +350,7 @@ def test_mc_without_dropout_is_deterministic(name: str) -> None:
     _, stacked, _ = _setup(name)
     model = make_model(name, SHAPE, 10, dropout=0.0, **SMALL[name])
     assert not model.has_dropout
-    variables = _client(stacked, 0)
+    variables = client_of(stacked, 0)
     x = _images()
     mc = jax.jit(lambda v, x, r: model.apply(v, x, mc=True, rng=r)[0])
     np.testing.assert_array_equal(
@@ -379,7 +376,7 @@ def test_vmap_over_clients_matches_per_client(name: str) -> None:
     logits, states, eval_logits = jax.jit(jax.vmap(both))(stacked, xs, rngs)
     assert logits.shape == eval_logits.shape == (3, 4, 10)
     for c in range(3):
-        v = _client(stacked, c)
+        v = client_of(stacked, c)
         one_logits, one_state = apply(v, xs[c], train=True, rng=rngs[c])
         np.testing.assert_allclose(logits[c], one_logits, atol=1e-5, rtol=1e-5)
         np.testing.assert_allclose(eval_logits[c], apply(v, xs[c])[0], atol=1e-5, rtol=1e-5)
@@ -394,7 +391,7 @@ def test_vmap_over_clients_matches_per_client(name: str) -> None:
 
 def test_resnet9_prefix_suffix_and_norm_none() -> None:
     model, stacked, apply = _setup("resnet9")
-    variables = _client(stacked, 0)
+    variables = client_of(stacked, 0)
     x = _images()
     rng = jax.random.key(5)
 
@@ -421,7 +418,7 @@ def test_conv_impl_xla_same_params_same_logits() -> None:
     m_x = make_model(
         "cnn", SHAPE, 10, mean=(0.13,), std=(0.31,), dropout=0.5, conv_impl="xla", **SMALL["cnn"]
     )
-    v = _client(stacked, 0)
+    v = client_of(stacked, 0)
     assert _shapes(v) == _shapes(jax.eval_shape(m_x.init, jax.random.key(0)))
     np.testing.assert_allclose(
         apply(v, _images())[0], jax.jit(m_x.apply)(v, _images())[0], atol=1e-4, rtol=1e-5

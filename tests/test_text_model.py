@@ -11,12 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import client_of
 from fedjax_semi.models import make_model, num_params
-
-
-def _client(tree, c: int):
-    return jax.tree_util.tree_map(lambda a: a[c], tree)
-
 
 VOCAB, SEQ = 50, 8
 
@@ -41,7 +37,7 @@ def _tokens(n: int = 4, seed: int = 0) -> np.ndarray:
 def test_text_model_spec_and_param_count() -> None:
     model, stacked = _text_setup()
     assert model.input_kind == "tokens" and model.input_shape == (SEQ,)
-    v = _client(stacked, 0)
+    v = client_of(stacked, 0)
     assert num_params(v) == VOCAB * 16 + 16 * 8 + 8 + 8 * 4 + 4
     x = _tokens()
     # Token ids pass through preprocessing unchanged (int32, never / 255).
@@ -61,7 +57,7 @@ def test_text_model_spec_and_param_count() -> None:
 
 def test_text_padding_does_not_change_output() -> None:
     model, stacked = _text_setup()
-    v = _client(stacked, 0)
+    v = client_of(stacked, 0)
     apply = jax.jit(lambda v, x: model.apply(v, x)[0])
     x = np.array([[5, 3, 7, 0, 0, 0, 0, 0]], np.int32)
     base = apply(v, x)
@@ -88,7 +84,7 @@ def test_text_vmap_over_clients_matches_per_client() -> None:
     train_logits, eval_logits = jax.jit(jax.vmap(both))(stacked, xs, rngs)
     one = jax.jit(both)
     for c in range(3):
-        t, e = one(_client(stacked, c), xs[c], rngs[c])
+        t, e = one(client_of(stacked, c), xs[c], rngs[c])
         np.testing.assert_allclose(train_logits[c], t, atol=1e-5, rtol=1e-5)
         np.testing.assert_allclose(eval_logits[c], e, atol=1e-5, rtol=1e-5)
     assert not np.allclose(eval_logits[0], eval_logits[1])
