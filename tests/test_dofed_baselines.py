@@ -1,9 +1,10 @@
-"""DoFed-SPP's baselines FedFomo, FedBE, FedAvg and Local (spec dofed_spp.md section 4) on a tiny
-SUBSET of digits: N = 6 clients, S = 3 participants per round, M = 3 FedFomo downloads.
-chunk=1 == one vmap == the reference loop; hidden labels stay hidden; FedFomo's downloads, weights,
-update and affinity replayed by hand; the shared clock; the labels they report; bad config values.
-Their kernels (the Gaussian fit and samples, the ensemble, FedFomo's update) are tested in
-test_dofed_baselines_kernels.py, the similarity kernels in test_dofed_spp_kernels.py."""
+"""DoFed-SPP's baselines FedFomo, FedBE, FedAvg and Local (spec dofed_spp.md section 4) on the tiny
+SUBSET setup of dofed_setups.py. chunk=1 == one vmap == the reference loop; hidden labels stay
+hidden; FedFomo's downloads, weights, update and affinity replayed by hand; the shared clock; the
+labels they report. Bad config values, seeds and the Shannon channels are in
+test_dofed_baselines_config.py. Their kernels (the Gaussian fit and samples, the ensemble,
+FedFomo's update) are tested in test_dofed_baselines_kernels.py, the similarity kernels in
+test_dofed_spp_kernels.py."""
 
 from __future__ import annotations
 
@@ -14,8 +15,24 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compose_config, swapped_data
+from conftest import client_of, compose_config, swapped_data
 from dofed_references import np_softmax
+from dofed_setups import (
+    BATCH,
+    BE,
+    FAVG,
+    FOMO,
+    LOCAL,
+    POOL,
+    S_INFER,
+    S_TRAIN,
+    SAMPLES,
+    M,
+    N,
+    S,
+    counts,
+    leaves_equal,
+)
 from fedjax_semi import experiment
 from fedjax_semi.algorithms import dofed_baselines as common
 from fedjax_semi.algorithms import fedbe as fb
@@ -29,38 +46,11 @@ from fedjax_semi.errors import ConfigError
 from fedjax_semi.kernels import fedfomo_weights as fw
 from fedjax_semi.systems import wireless as wl
 
-N, S, M, ROUNDS, BATCH = 6, 3, 3, 4, 16
-S_TRAIN, S_INFER = 2e-4, 5e-5
-BASE = [
-    "partition=subset",
-    f"num_clients={N}",
-    f"clients_per_round={S}",
-    "partition.dofed.train_per_class=40",
-    "partition.dofed.target_per_class=40",
-    "partition.dofed.target_labeled_fraction=0.5",
-    "partition.dofed.test_per_class=15",
-    "algorithm.lr=0.1",
-    f"algorithm.batch_size={BATCH}",
-    f"systems.wireless.time_sec_per_train_sample={S_TRAIN}",
-    f"systems.wireless.time_sec_per_infer_sample={S_INFER}",
-]
-FOMO = ["algorithm=fedfomo", *BASE, f"algorithm.fedfomo_m={M}"]
-FAVG = ["algorithm=fedavg", *BASE]
-LOCAL = ["algorithm=local", *BASE]
-SAMPLES, POOL = 4, 200
-BE = [
-    "algorithm=fedbe",
-    *BASE,
-    f"algorithm.fedbe_samples={SAMPLES}",
-    f"algorithm.fedbe_pool_size={POOL}",
-    "algorithm.fedbe_distill_epochs=3",
-    "algorithm.fedbe_swa_start=1",
-    "algorithm.fedbe_distill_batch_size=64",
-    "algorithm.fedbe_distill_lr=0.05",
-]
+ROUNDS = 4
 
 
 def run(runner, rounds=ROUNDS):
+    """(states after rounds 0..rounds, each round's metrics, each round's evaluation)."""
     state = runner.init()
     states, rows, evals = [state], [], []
     for _ in range(rounds):
@@ -69,17 +59,6 @@ def run(runner, rounds=ROUNDS):
         rows.append(jax.device_get(m))
         evals.append(jax.device_get(runner.evaluate(state)))
     return states, rows, evals
-
-
-def leaves_equal(a, b) -> bool:
-    return all(
-        np.array_equal(np.asarray(x), np.asarray(y))
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
-    )
-
-
-def row_of(tree, n):
-    return jax.tree.map(lambda a: np.asarray(a)[n], tree)
 
 
 def flat(params) -> np.ndarray:
@@ -93,10 +72,6 @@ def np_loss(exp, variables, n) -> float:
     logits = np.asarray(exp.model.apply(variables, exp.fed.x[idx])[0], np.float64)
     y = np.asarray(exp.fed.y)[idx]
     return float(-np.mean(np.log(np_softmax(logits)[np.arange(len(y)), y])))
-
-
-def counts(exp, *roles):
-    return [np.asarray(exp.fed.roles[r].count) for r in roles]
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +137,7 @@ def test_predict_labels_matches_a_loop(fomo):
     got = np.asarray(common.predict_labels(exp.model, vars_, exp.fed.x, table, per_client=True))
     for n in range(N):
         k = int(table.count[n])
-        logits = exp.model.apply(row_of(vars_, n), exp.fed.x[np.asarray(table.idx[n])[:k]])[0]
+        logits = exp.model.apply(client_of(vars_, n), exp.fed.x[np.asarray(table.idx[n])[:k]])[0]
         np.testing.assert_array_equal(got[n, :k], np.argmax(np.asarray(logits), -1))
         assert (got[n, k:] == -1).all()
 
@@ -277,9 +252,9 @@ def test_fedfomo_weights_update_and_affinity_by_hand(fomo):
     signs = set()
     for s, n in enumerate(row["cohort"]):
         ids, valid = row["download_ids"][s], row["download_valid"][s]
-        own = row_of(before.theta, n)
+        own = client_of(before.theta, n)
         l_own = np_loss(exp, own, n)
-        peers = [row_of(before.theta, i) for i in ids]
+        peers = [client_of(before.theta, i) for i in ids]
         dist = [np.linalg.norm(flat(p["params"]) - flat(own["params"])) for p in peers]
         raw = np.array(
             [(l_own - np_loss(exp, p, n)) / max(d, 1e-8) for p, d in zip(peers, dist, strict=True)]
@@ -302,13 +277,13 @@ def test_fedfomo_weights_update_and_affinity_by_hand(fomo):
             jax.tree.map(lambda x, n=n: x[n], table), alg.schedule,
             client_key(exp.key, ff.SAMPLE, t, n), client_key(exp.key, ff.DROPOUT, t, n),
         )  # fmt: skip
-        want = row_of(after.theta, n)
+        want = client_of(after.theta, n)
         for x, y in zip(jax.tree.leaves(trained), jax.tree.leaves(want), strict=True):
             np.testing.assert_allclose(np.asarray(x), y, atol=1e-4)
     assert signs == {-1.0, 1.0}  # helpful and harmful peers both occur here
     np.testing.assert_allclose(after.P, p_ref, rtol=1e-4, atol=1e-5)
     for n in set(range(N)) - set(row["cohort"].tolist()):
-        assert leaves_equal(row_of(after.theta, n), row_of(before.theta, n))
+        assert leaves_equal(client_of(after.theta, n), client_of(before.theta, n))
 
 
 def test_fedfomo_normalized_affinity_knob(fomo):
@@ -342,11 +317,11 @@ def test_fedbe_ensemble_and_swa_distillation(be):
     clients = jax.tree.map(lambda a: jnp.stack([a, a + 1.0]), mu)
     members = alg.ensemble(mu, var, clients, jnp.int32(2), exp.key)
     assert jax.tree.leaves(members)[0].shape[0] == 1 + SAMPLES + 2
-    assert leaves_equal(row_of(members, 0), mu)
-    assert leaves_equal(row_of(members, 1 + SAMPLES), row_of(clients, 0))
+    assert leaves_equal(client_of(members, 0), mu)
+    assert leaves_equal(client_of(members, 1 + SAMPLES), client_of(clients, 0))
     want = fbe.gaussian_sample(round_key(exp.key, fb.GAUSSIAN, 2), mu["params"], var, SAMPLES)
     for s in range(SAMPLES):
-        assert leaves_equal(row_of(members, 1 + s)["params"], row_of(want, s))
+        assert leaves_equal(client_of(members, 1 + s)["params"], client_of(want, s))
     assert all(r["ensemble_size"] == 1 + SAMPLES + S for r in rows)
 
     pool = states[0].pool
@@ -451,11 +426,11 @@ def test_labels_are_the_classification_models_predictions(runs, name):
     for n in range(N):
         k = int(unl.count[n])
         if name == "local":  # each client's own model
-            v = row_of(state.w_k, n)
+            v = client_of(state.w_k, n)
         elif name == "fedavg":  # the global model
             v = state.w
         elif name == "fedfomo":  # each client's personalized model
-            v = row_of(state.theta, n)
+            v = client_of(state.theta, n)
         else:  # FedBE's global model
             v = state.w
         logits = exp.model.apply(v, exp.fed.x[np.asarray(unl.idx[n])[:k]])[0]
@@ -466,82 +441,3 @@ def test_labels_are_the_classification_models_predictions(runs, name):
     assert acc == pytest.approx(evals[-1]["cls_acc_on_unl"], abs=0.1)
     if name == "fedbe":
         assert 0.0 < evals[-1]["server_pl_acc"] <= 1.0
-
-
-BAD = [
-    ("fedfomo", "fedfomo_m", N, r"\[1, num_clients - 1 = 5\]"),
-    ("fedfomo", "fedfomo_epsilon", 1.5, r"\[0, 1\]"),
-    ("fedfomo", "fedfomo_epsilon_decay", -0.1, ">= 0"),
-    ("fedfomo", "fedfomo_affinity", "softmax", "'raw', 'normalized'"),
-    ("fedfomo", "sr_eps", 0.0, "> 0"),
-    ("fedfomo", "baseline_train_data", "all", "'train_and_lab', 'train'"),
-    ("fedfomo", "local_epochs", 0, ">= 1"),
-    ("fedbe", "fedbe_pool", "public", "'train_split', 'clients_unlabeled', 'server'"),
-    ("fedbe", "fedbe_target", "medium", "'soft', 'hard'"),
-    ("fedbe", "fedbe_samples", -1, ">= 0"),
-    ("fedbe", "fedbe_distill_epochs", 0, ">= 1"),
-    ("fedbe", "fedbe_swa_start", 3, r"\[0, fedbe_distill_epochs - 1 = 2\]"),
-    ("fedbe", "fedbe_var_scale", -1.0, ">= 0"),
-    ("fedbe", "fedbe_distill_momentum", 1.0, r"\[0, 1\)"),
-]
-
-
-@pytest.mark.parametrize(
-    ("name", "key", "value", "allowed"), BAD, ids=[f"{a}-{k}={v}" for a, k, v, _ in BAD]
-)
-def test_bad_config_values_name_key_and_allowed(fomo, be, name, key, value, allowed):
-    exp = (fomo if name == "fedfomo" else be)[0]
-    factory = ff.fedfomo if name == "fedfomo" else fb.fedbe
-    with pytest.raises(ConfigError, match=rf"algorithm\.{key}=.*{allowed}"):
-        cfg = dataclasses.replace(exp.alg.cfg, **{key: value})
-        factory(cfg, model=exp.model, num_clients=N, clients_per_round=S)
-
-
-def test_bad_config_through_the_cli_path_and_missing_roles(fomo, be):
-    with pytest.raises(ConfigError, match=r"algorithm\.fedbe_target='medium'"):
-        experiment.build(compose_config(*BE, "algorithm.fedbe_target=medium"))
-    exp = be[0]
-    cfg = dataclasses.replace(exp.alg.cfg, fedbe_pool="server")
-    alg = fb.fedbe(cfg, model=exp.model, num_clients=N, clients_per_round=S)
-    with pytest.raises(ConfigError, match=r"fedbe_pool='server'.*no server set"):
-        alg.init(exp.key, exp.fed)
-    roles = {k: v for k, v in exp.fed.roles.items() if k != "test"}
-    for e in (fomo[0], exp):
-        with pytest.raises(ConfigError, match=r"roles \['test'\].*partition=subset"):
-            e.alg.init(e.key, dataclasses.replace(e.fed, roles=roles))
-
-
-def test_seed_changes_partition_and_init(fomo):
-    exp = fomo[0]
-    other = experiment.build(compose_config(*FOMO, "seed=1"))
-    assert not leaves_equal(
-        other.alg.init(other.key, other.fed).theta, exp.alg.init(exp.key, exp.fed).theta
-    )
-    assert not all(
-        np.array_equal(a, b)
-        for a, b in zip(
-            other.partition.clients["labeled"], exp.partition.clients["labeled"], strict=True
-        )
-    )
-
-
-def test_shannon_mode_uses_dofed_spp_channels(fomo):
-    """systems.wireless.mode=shannon: the baselines' fixed per-client rates are DoFed-SPP's (same
-    channel stream), and a round's upload time is sum over the participants of m / r_i."""
-    from fedjax_semi.algorithms.dofed_spp import dofed_spp
-    from fedjax_semi.algorithms.dofed_task import DoFedSPPConfig
-
-    exp = fomo[0]
-    wireless = dataclasses.replace(exp.alg.systems.wireless, mode="shannon")
-    shannon = dataclasses.replace(exp.alg.systems, wireless=wireless)
-    alg = ff.fedfomo(
-        exp.alg.cfg, model=exp.model, num_clients=N, clients_per_round=S, systems=shannon
-    )
-    dofed_cfg = DoFedSPPConfig(selection_k=3, selection_b=2)
-    ref = dofed_spp(dofed_cfg, model=exp.model, num_clients=N, clients_per_round=N, systems=shannon)
-    clock = alg.init(exp.key, exp.fed).clock
-    np.testing.assert_array_equal(clock.rate_mbps, ref.uplink.shannon_rates(exp.key, N))
-    chosen = jnp.asarray([True, False, True, False, False, True])
-    total, _ = alg.uplink.upload_time(exp.key, chosen, jnp.int32(1), clock)
-    rates = np.asarray(clock.rate_mbps)
-    assert float(total) == pytest.approx(np.sum(alg.model_mb / rates[[0, 2, 5]]), rel=1e-5)

@@ -1,14 +1,13 @@
 """DoFed-SPP (spec dofed_spp.md, Algorithm 2) on a tiny SUBSET of digits: N = 6 clients, K = 3
 uploaders, B = 2 labeling models, L = 3 warm-up rounds. The engine properties (chunk=1 == one vmap
-== reference loop, hidden labels stay hidden, the warm-up, the cache, the clock, budget mode) and
+== reference loop, hidden labels stay hidden, the warm-up, the cache, the clock) and
 the spec's section-7 checks that concern the algorithm: AC1, AC2, AC7, AC13, AC15-AC20, AC22-AC25,
-AC27-AC29 at this scale. The kernels themselves are tested in test_dofed_spp_kernels.py."""
+AC27-AC29 at this scale. The kernels are tested in test_dofed_spp_kernels.py; budget mode, the
+knobs and the systems group in test_dofed_spp_options.py; the setup is in dofed_setups.py."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 
 import jax
 import jax.numpy as jnp
@@ -16,72 +15,30 @@ import numpy as np
 import pytest
 
 from conftest import compose_config, swapped_data
+from dofed_setups import (
+    BATCH,
+    ROLES,
+    S_INFER,
+    S_TRAIN,
+    TINY,
+    B,
+    K,
+    L,
+    N,
+    check_partition,
+    client_rows_equal,
+    counts,
+    leaves_equal,
+    model_mb,
+    run,
+)
 from fedjax_semi import experiment
-from fedjax_semi.algorithms.dofed_spp import dofed_spp, low_rank
-from fedjax_semi.config_groups import WirelessSystems
+from fedjax_semi.algorithms.dofed_spp import dofed_spp
 from fedjax_semi.data.federated import RoleTable
 from fedjax_semi.engine.simulate import pseudo_label_accuracy
 from fedjax_semi.errors import ConfigError
 
-N, K, B, L, ROUNDS, BATCH = 6, 3, 2, 3, 3, 16
-S_TRAIN, S_INFER = 2e-4, 5e-5
-TINY = [
-    "algorithm=dofed_spp",
-    "partition=subset",
-    "partition.dofed.assignment=balanced",  # the thresholds below were set on this partition
-    f"num_clients={N}",
-    "partition.dofed.train_per_class=40",  # 500 / 10 / 190 per class, scaled down
-    "partition.dofed.target_per_class=40",
-    "partition.dofed.target_labeled_fraction=0.1",
-    "partition.dofed.test_per_class=15",
-    f"algorithm.warmup_rounds={L}",
-    f"algorithm.selection_k={K}",
-    f"algorithm.selection_b={B}",
-    "algorithm.lr=0.1",
-    "algorithm.lr_tar=0.1",
-    f"algorithm.batch_size={BATCH}",
-    # A margin above the untrained student's loss keeps a few non-matching providers in the
-    # SR rows, so the SRs are not one-hot and AC7 / AC27 compare real numbers.
-    "algorithm.sr_g2=8.0",
-    f"systems.wireless.time_sec_per_train_sample={S_TRAIN}",
-    f"systems.wireless.time_sec_per_infer_sample={S_INFER}",
-]
-
-
-def run(runner, rounds=ROUNDS):
-    state = runner.init()
-    states, rows = [state], []
-    for _ in range(rounds):
-        state, m = runner.round(state)
-        states.append(state)
-        rows.append(jax.device_get(m))
-    return states, rows
-
-
-def leaves_equal(a, b) -> bool:
-    return all(
-        np.array_equal(np.asarray(x), np.asarray(y))
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
-    )
-
-
-def client_rows_equal(a, b, n) -> bool:
-    return all(
-        np.array_equal(np.asarray(x)[n], np.asarray(y)[n])
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
-    )
-
-
-def model_mb(exp) -> float:
-    params = exp.model.init(jax.random.PRNGKey(0))["params"]
-    return sum(np.size(p) for p in jax.tree.leaves(params)) * 4 / 1e6
-
-
-ROLES = ("labeled", "target_labeled", "target_unlabeled")
-
-
-def counts(exp, *roles):
-    return [np.asarray(exp.fed.roles[r].count) for r in roles]
+ROUNDS = 3
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +50,7 @@ def tiny_runner():
 @pytest.fixture(scope="module")
 def tiny(tiny_runner):
     exp, runner = tiny_runner
-    states, rows = run(runner)
+    states, rows = run(runner, ROUNDS)
     evals = [jax.device_get(runner.evaluate(s)) for s in states]
     return exp, states, rows, evals
 
@@ -111,7 +68,7 @@ def test_vectorized_equals_reference_loop(tiny, backend):
         runner = exp.runner(backend="reference")
     else:
         runner = exp.runner(chunk="all", eval_chunk="all")
-    other_states, other_rows = run(runner)
+    other_states, other_rows = run(runner, ROUNDS)
     for s, o in zip(states, other_states, strict=True):
         for a, b in zip(jax.tree.leaves(s), jax.tree.leaves(o), strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
@@ -142,7 +99,7 @@ def test_hidden_labels_change_nothing(tiny_runner, tiny):
     _, states, rows, evals = tiny
     bad = corrupt_hidden(exp.fed)
     with swapped_data(runner, bad):
-        other_states, other_rows = run(runner)
+        other_states, other_rows = run(runner, ROUNDS)
         bad_eval = jax.device_get(runner.evaluate(other_states[-1]))
     for s, o in zip(states, other_states, strict=True):
         assert leaves_equal(s, o)
@@ -289,7 +246,7 @@ def test_student_continues_from_its_parameters(tiny_runner, tiny):
 def test_same_seed_identical_other_seed_differs(tiny_runner, tiny):
     exp, runner = tiny_runner
     _, states, rows, _ = tiny
-    again, again_rows = run(runner)
+    again, again_rows = run(runner, ROUNDS)
     assert leaves_equal(states[-1], again[-1])
     for a, b in zip(rows, again_rows, strict=True):
         assert a["F"] == b["F"] and a["train_loss"] == b["train_loss"]
@@ -314,7 +271,7 @@ def test_reciprocal_models_are_independent(tiny_runner, tiny):
     table = fed.roles["labeled"]
     other = RoleTable(table.idx.at[0].set(table.idx[3]), table.count.at[0].set(table.count[3]))
     with swapped_data(runner, dataclasses.replace(fed, roles={**fed.roles, "labeled": other})):
-        changed, _ = run(runner)
+        changed, _ = run(runner, ROUNDS)
     for s, c in zip(states, changed, strict=True):
         assert not client_rows_equal(s.R, c.R, 0)
         for n in range(1, N):
@@ -322,31 +279,6 @@ def test_reciprocal_models_are_independent(tiny_runner, tiny):
 
 
 # ----------------------------------------------------------------------------- data (AC22-AC24)
-
-
-def check_partition(exp, scheme):
-    """The data the algorithm reads: AC22 (SUBSET) / AC23 (NORMAL), AC24 for both."""
-    part, y = exp.partition, np.asarray(exp.fed.eval_y)
-    a = part.assignments
-    roles = ("labeled", "target_labeled", "target_unlabeled")
-    for n in range(N):
-        train_c = set(np.flatnonzero(a["train_classes"][n]))
-        target_c = set(np.flatnonzero(a["target_classes"][n]))
-        tr, lab, unl = (set(part.clients[r][n].tolist()) for r in roles)
-        assert not lab & unl and not tr & (lab | unl)  # disjoint samples within a client
-        assert set(y[list(tr)]) <= train_c and set(y[list(lab | unl)]) <= target_c
-        assert set(y[part.clients["test"][n]]) <= target_c  # AC24
-        assert train_c != target_c
-        if scheme == "subset":
-            assert a["train_cluster"][n] != a["target_cluster"][n] and not train_c & target_c
-            for c in target_c:  # 500 / 10 / 190 per class, scaled to 40 / 4 / 36
-                assert (y[list(lab)] == c).sum() == 4 and (y[list(unl)] == c).sum() == 36
-            assert all((y[list(tr)] == c).sum() == 40 for c in train_c)
-        else:
-            assert 2 <= len(train_c) <= 10 and 2 <= len(target_c) <= 10
-    if scheme == "subset":
-        clusters = sorted(c for cl in part.meta["clusters"] for c in cl)
-        assert clusters == list(range(exp.fed.num_classes))
 
 
 def test_subset_partition(tiny):
@@ -377,98 +309,7 @@ def test_labeling_beats_classification_and_jump_after_warmup(tiny):
     assert lab >= acc[-1]
 
 
-# ----------------------------------------------------------------------------- budget mode
-
-
-@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
-def test_budget_mode_normal_partition(tmp_path):
-    """selection_mode=budget on NORMAL: each round's (K, B) satisfies Ineq. 26 with C1, C2, C3
-    of Sec. 6.1, the budget binds (K < N), and metrics.jsonl of experiment.run carries
-    pl_acc, K, B and the clock."""
-    s_infer = 1e-6  # cheap labeling next to the uploads, so B can be large and K is limited
-    over = [
-        *TINY, "partition=normal", "algorithm.selection_mode=budget", "rounds=2",
-        f"systems.wireless.time_sec_per_infer_sample={s_infer}",
-    ]  # fmt: skip
-    exp = experiment.build(compose_config(*over, "algorithm.selection_time_per_round_s=1"))
-    check_partition(exp, "normal")
-    n_tr, n_l, n_u = counts(exp, "labeled", "target_labeled", "target_unlabeled")
-    fixed = np.max((n_tr + n_u + n_l) * S_TRAIN + N * n_l * s_infer)
-    c2, c3 = n_u.max() * s_infer, model_mb(exp) * math.log(5) / 8
-    c1 = c2 + 4.5 * c3  # at most K = 4 uploads fit next to one labeling model
-    exp = experiment.build(
-        compose_config(*over, f"algorithm.selection_time_per_round_s={fixed + c1}")
-    )
-    experiment.run(exp, tmp_path)
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
-    assert len(rows) == 2
-    for r in rows:
-        assert r["budget_c1"] == pytest.approx(c1, rel=1e-4)
-        assert r["budget_c2"] == pytest.approx(c2, rel=1e-5)
-        assert r["budget_c3"] == pytest.approx(c3, rel=1e-5)
-        assert 1 <= r["B"] <= r["K"] <= 4 and not r["budget_violated"]
-        assert r["B"] * c2 + r["K"] * c3 <= c1 + 1e-7
-        assert 0 <= r["pl_acc"] <= 1 and 0 <= r["accuracy"] <= 1
-    assert 0 < rows[0]["sim_time"] < rows[1]["sim_time"]
-
-
-# Every non-default [rec] knob at once (docs/choices.md: DoFed-SPP).
-KNOBS = [
-    "algorithm.init_mode=per_client",
-    "algorithm.sr_g1=auto",
-    "algorithm.sr_target_version=post_update",
-    "algorithm.sr_degenerate=uniform",
-    "algorithm.sr_exclude_self=true",
-    "algorithm.label_renormalize=true",
-    "algorithm.pca_rank=2",
-    "systems.wireless.mode=shannon",
-]
-
-
-@pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
-def test_every_knob_runs_and_is_used():
-    """The knobs change what they should: per-client inits, S[n, n] = 0, the post-update target
-    breaks AC7's equality, the cache keeps the un-reduced uploads while PCA is on, and uploads
-    take m / r_i at the fixed Shannon rates."""
-    exp = experiment.build(compose_config(*TINY, *KNOBS))
-    init = exp.alg.init(exp.key, exp.fed)
-    for models in (init.T, init.R):  # kernels differ (biases start at 0)
-        kernels = [a for a in jax.tree.leaves(models["params"]) if a.ndim > 2]
-        assert kernels and all(np.ptp(np.asarray(a), axis=0).max() > 0 for a in kernels)
-    states, rows = run(exp.runner(chunk="all", eval_chunk="all"), 2)
-    rates, m = np.asarray(init.clock.rate_mbps), model_mb(exp)
-    for s in states:
-        sr = np.asarray(s.S)
-        np.testing.assert_allclose(sr.sum(1), 1.0, atol=1e-6)
-        assert (np.diag(sr) == 0).all()
-    # Small but real: G1 = auto (the largest model distance) swamps the loss term.
-    change = np.asarray(states[1].S) - np.asarray(states[0].S)
-    assert np.abs(change).max() > 1e-4
-    for t, row in enumerate(rows, start=1):
-        chosen = row["chosen"]
-        np.testing.assert_allclose(row["upload_times"][chosen], m / rates[chosen], rtol=1e-5)
-        for n in np.flatnonzero(chosen):
-            assert client_rows_equal(states[t].cache, states[t - 1].R, n)
-        assert np.isfinite(row["train_loss"]) and row["client_finite"].all()
-
-
 # ----------------------------------------------------------------------------- pieces and config
-
-
-def test_low_rank_broadcast_copies():
-    rng = np.random.default_rng(0)
-    v = {
-        "params": {
-            "w": jnp.asarray(rng.normal(size=(3, 2, 2, 4, 5)), jnp.float32),
-            "b": jnp.asarray(rng.normal(size=(3, 5)), jnp.float32),
-        }
-    }
-    out = low_rank(v, 2)
-    np.testing.assert_array_equal(out["params"]["b"], v["params"]["b"])
-    mats = np.asarray(out["params"]["w"]).reshape(3, -1, 5)
-    assert all(np.linalg.matrix_rank(m, tol=1e-4) == 2 for m in mats)
-    full = low_rank(v, 5)
-    np.testing.assert_allclose(full["params"]["w"], v["params"]["w"], atol=1e-4)
 
 
 def test_shannon_rates_and_uploads(tiny):
@@ -523,24 +364,6 @@ def test_bad_config_values_name_key_and_allowed(tiny, key, value, allowed):
     with pytest.raises(ConfigError, match=rf"algorithm\.{key}=.*{allowed}"):
         cfg = dataclasses.replace(exp.alg.cfg, **{key: value})
         dofed_spp(cfg, model=exp.model, num_clients=N, clients_per_round=N)
-
-
-# The clock's knobs (the systems group), shared by DoFed-SPP and its baselines.
-SYSTEMS_BAD = [
-    ("mode", "radio", "'empirical', 'shannon'"),
-    ("rate_mbps", [10.0, 2.0], "low <= high"),
-    ("distance_km", [0.0, 0.5], "0 < low"),
-    ("power_w", 0.0, "> 0"),
-    ("time_sec_per_train_sample", -1.0, ">= 0"),
-]
-
-
-@pytest.mark.parametrize(
-    ("key", "value", "allowed"), SYSTEMS_BAD, ids=[f"{k}={v}" for k, v, _ in SYSTEMS_BAD]
-)
-def test_bad_systems_values_name_key_and_allowed(key, value, allowed):
-    with pytest.raises(ConfigError, match=rf"systems\.wireless\.{key}=.*{allowed}"):
-        WirelessSystems(**{key: value})
 
 
 def test_bad_config_through_the_cli_path_and_missing_roles(tiny):

@@ -1,8 +1,8 @@
 """The uplink's typed state (systems/uplink.py): what `init_state` returns in each rate model,
 how `upload_time` and `mean_upload_time` read it, and that it travels as a pytree (jit,
 replica stacking). The Eq. 8 rates and the round clock themselves are tested in
-test_wireless.py; the methods' use of them in test_dofed_spp.py and
-test_dofed_baselines.py."""
+test_wireless.py; the methods' use of them in test_dofed_spp.py,
+test_dofed_spp_options.py and test_dofed_baselines_config.py."""
 
 from __future__ import annotations
 
