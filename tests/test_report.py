@@ -255,3 +255,15 @@ def test_runs_with_the_same_overrides_but_other_settings_are_not_pooled(tmp_path
     assert "| algorithm.beta=0.1 algorithm.psi=30.0 x | 2 | 60.00 ± 0.00" in text
     assert "| algorithm.beta=0.3 algorithm.psi=10.0 x | 2 | 70.00 ± 0.00" in text
     assert "rounds=" not in text and "seed=" not in text
+
+
+def test_a_resumed_run_pools_with_the_runs_it_ran_beside(tmp_path):
+    """A sweep whose one setting was resumed (its overrides add resume=True) and whose other
+    setting was not is one row per algorithm, not a `resume=` row apart from its reference."""
+    for alg, acc in (("a", 0.6), ("b", 0.7)):
+        extra = ["resume=True", "progress=false"] if alg == "a" else []
+        _run(tmp_path / alg, [f"algorithm={alg}", "seed=0", *extra], lambda t, a=acc: a)
+    text = report(tmp_path, ["personal_acc"])
+    assert "| algorithm=a | 1 | 60.00 ± 0.00" in text
+    assert "| algorithm=b | 1 | 70.00 ± 0.00" in text
+    assert "resume=" not in text and "progress=" not in text

@@ -17,12 +17,10 @@ if TYPE_CHECKING:  # the results tools read run_config.json without importing ja
 # replicas' too, and by runs started from Python; Hydra's .hydra/ is not in out_dir).
 RUN_CONFIG = "run_config.json"
 
-# Keys that may differ between a run and its resumption: they say how far a run goes, when it
-# stops, what it logs and how the work is laid out on the hardware, never what state a round
-# produces. A key covers every key under it ("stop" is stop.*).
-RESULT_NEUTRAL_KEYS = frozenset(
+# Keys that only control the run (how it is resumed, logged and saved), never a number it
+# writes: the report pools runs that differ in them. A key covers every key under it.
+RUN_CONTROL_KEYS = frozenset(
     {
-        "rounds",  # extending a run is what resume is for
         "resume",
         "progress",
         "writers",  # where the metrics are written, not what they are
@@ -30,19 +28,41 @@ RESULT_NEUTRAL_KEYS = frozenset(
         "checkpoint_every",
         "save_partition",
         "objective",  # what the run reports to a sweeper
-        "paper",  # reference numbers for the report
-        "tuned",  # the tuner's entries: the values they set are compared under their own keys
-        # Evaluations read the state and never change it; eval_every only changes which rows
-        # carry accuracies (and so the evaluations a stop rule counts).
-        "eval_every",
-        "eval_every_time",
-        "eval_initial",
-        "stop",  # stopping rules decide how far to go, like rounds
-        # Chunk sizes, devices, batch sizes and backend give the same numbers to float
-        # tolerance by design (tested).
-        "hardware",
     }
 )
+
+# Keys that may differ between a run and its resumption: they say how far a run goes, when it
+# stops, what it logs and how the work is laid out on the hardware, never what state a round
+# produces. A key covers every key under it ("stop" is stop.*).
+RESULT_NEUTRAL_KEYS = RUN_CONTROL_KEYS | {
+    "rounds",  # extending a run is what resume is for
+    "paper",  # reference numbers for the report
+    "tuned",  # the tuner's entries: the values they set are compared under their own keys
+    # Evaluations read the state and never change it; eval_every only changes which rows
+    # carry accuracies (and so the evaluations a stop rule counts).
+    "eval_every",
+    "eval_every_time",
+    "eval_initial",
+    "stop",  # stopping rules decide how far to go, like rounds
+    # Chunk sizes, devices, batch sizes and backend give the same numbers to float
+    # tolerance by design (tested).
+    "hardware",
+}
+
+
+def _covered(key: str, keys: frozenset) -> bool:
+    parts = key.split(".")
+    return any(".".join(parts[:i]) in keys for i in range(1, len(parts) + 1))
+
+
+def run_control(key: str) -> bool:
+    """Whether `key` (dotted) only controls the run (RUN_CONTROL_KEYS)."""
+    return _covered(key, RUN_CONTROL_KEYS)
+
+
+def result_neutral(key: str) -> bool:
+    """Whether `key` (dotted) may change when a run is resumed (RESULT_NEUTRAL_KEYS)."""
+    return _covered(key, RESULT_NEUTRAL_KEYS)
 
 
 def flat_keys(tree: dict, prefix: str = "") -> dict:
@@ -58,12 +78,6 @@ def flat_keys(tree: dict, prefix: str = "") -> dict:
 
 def config_json(cfg: Config) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
-
-
-def result_neutral(key: str) -> bool:
-    """Whether `key` (dotted) may change when a run is resumed (RESULT_NEUTRAL_KEYS)."""
-    parts = key.split(".")
-    return any(".".join(parts[:i]) in RESULT_NEUTRAL_KEYS for i in range(1, len(parts) + 1))
 
 
 def check_resume(cfg: Config, out: Path) -> None:

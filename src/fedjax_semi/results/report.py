@@ -30,7 +30,7 @@ import numpy as np
 import yaml
 
 from fedjax_semi.results.gates import Gates, judge, mechanism_names, mechanism_values, summary_line
-from fedjax_semi.run_config import RUN_CONFIG, flat_keys, result_neutral
+from fedjax_semi.run_config import RUN_CONFIG, flat_keys, result_neutral, run_control
 
 SEED_KEYS = ("seed",)
 
@@ -66,8 +66,11 @@ def find_runs(root: Path) -> list[dict]:
                 "seed": str(seed) if seed is not None else (seeds[0] if seeds else None),
                 "summary": json.loads(summary_path.read_text()),
                 "config": cfg or {},
+                # A resumed run (resume=true) pools with the runs it did not need resuming.
                 "overrides": [
-                    o for o in overrides or [] if o.split("=")[0].lstrip("+") not in SEED_KEYS
+                    o
+                    for o in overrides or []
+                    if _split(o)[0] not in SEED_KEYS and not run_control(_split(o)[0])
                 ],
             }
         )
