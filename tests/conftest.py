@@ -205,15 +205,16 @@ def client_of(tree, c: int):
     return jax.tree_util.tree_map(lambda a: a[c], tree)
 
 
-def run_rounds(runner, rounds: int, state=None):
-    """(states after rounds 0..rounds, each round's metrics and evaluation) of a runner."""
+def run_rounds(runner, rounds: int, state=None, evaluate: bool = True):
+    """(states after rounds 0..rounds, each round's metrics and, with evaluate, its
+    evaluation) of a runner."""
     import jax
 
     state = runner.init() if state is None else state
     states, rows = [state], []
     for _ in range(rounds):
         state, m = runner.round(state)
-        rows.append(jax.device_get({**m, **runner.evaluate(state)}))
+        rows.append(jax.device_get({**m, **runner.evaluate(state)} if evaluate else m))
         states.append(state)
     return states, rows
 

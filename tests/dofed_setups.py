@@ -8,6 +8,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from conftest import run_rounds
+
 N, K, B, L, S, M, BATCH = 6, 3, 2, 3, 3, 3, 16
 S_TRAIN, S_INFER = 2e-4, 5e-5
 TINY = [
@@ -64,13 +66,7 @@ BE = [
 
 def run(runner, rounds: int):
     """(states after rounds 0..rounds, each round's metrics) of a runner."""
-    state = runner.init()
-    states, rows = [state], []
-    for _ in range(rounds):
-        state, m = runner.round(state)
-        states.append(state)
-        rows.append(jax.device_get(m))
-    return states, rows
+    return run_rounds(runner, rounds, evaluate=False)
 
 
 def leaves_equal(a, b) -> bool:

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import compose_config, swapped_data
+from conftest import compose_config, run_rounds, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.config import ConfigError
 from fedjax_semi.engine.keys import SAMPLE, client_key
@@ -24,13 +24,7 @@ ROUNDS = 2
 
 def run(runner, rounds: int = ROUNDS, state=None):
     """(states after rounds 0..rounds, each round's metrics)."""
-    state = runner.init() if state is None else state
-    states, metrics = [state], []
-    for _ in range(rounds):
-        state, m = runner.round(state)
-        states.append(state)
-        metrics.append(jax.device_get(m))
-    return states, metrics
+    return run_rounds(runner, rounds, state, evaluate=False)
 
 
 @pytest.fixture(scope="module")
