@@ -92,7 +92,12 @@ def test_um_pfssl_records_choices_apply_at_their_own_alpha():
             {"algorithm.pl_threshold": 0.95, "algorithm.lr": 0.1},
             {"algorithm.pl_threshold": 0.95, "algorithm.lr": 0.3},
         ),
-        "fixbn": ({"algorithm.pl_threshold": 0.8, "algorithm.lr": 0.3}, {}),
+        "fixbn": (
+            {"algorithm.pl_threshold": 0.8, "algorithm.lr": 0.3},
+            {"algorithm.pl_threshold": 0.95, "algorithm.lr": 0.3},
+        ),
+        "fedper": ({"algorithm.lr": 0.1}, {"algorithm.lr": 0.1}),
+        "pfedme": ({"algorithm.lr": 0.1}, {}),
         "um_pfssl_record": (
             {"algorithm.corr_form": "complement", "algorithm.lr": 0.03},
             {"algorithm.corr_form": "complement", "algorithm.lr": 0.03},
