@@ -84,8 +84,8 @@ def test_cfsl_records_each_scenario_takes_its_own_lr():
 
 
 def test_um_pfssl_records_choices_apply_at_their_own_alpha():
-    # conf/tuned/um_pfssl_table1_record.yaml holds the alpha-5 search and the alpha-0.5 rows
-    # searched so far; a row not searched at an alpha keeps the preset's values there.
+    # conf/tuned/um_pfssl_table1_record.yaml holds both alphas' searches; at an alpha not
+    # searched (1.0) every row keeps the preset's values.
     chosen = {
         "fedavg_sl": ({"algorithm.lr": 1.0}, {"algorithm.lr": 0.3}),
         "fixavg": (
@@ -97,7 +97,7 @@ def test_um_pfssl_records_choices_apply_at_their_own_alpha():
             {"algorithm.pl_threshold": 0.95, "algorithm.lr": 0.3},
         ),
         "fedper": ({"algorithm.lr": 0.1}, {"algorithm.lr": 0.1}),
-        "pfedme": ({"algorithm.lr": 0.1}, {}),
+        "pfedme": ({"algorithm.lr": 0.1}, {"algorithm.lr": 0.1}),
         "um_pfssl_record": (
             {"algorithm.corr_form": "complement", "algorithm.lr": 0.03},
             {"algorithm.corr_form": "complement", "algorithm.lr": 0.03},
@@ -110,6 +110,7 @@ def test_um_pfssl_records_choices_apply_at_their_own_alpha():
         assert apply(cfg) == at_5, alg
         cfg = compose_real(*over, "partition.alpha=0.5")
         assert apply(cfg) == at_half, alg
+        assert apply(compose_real(*over, "partition.alpha=1.0")) == {}, alg
         assert cfg.algorithm.lr == at_half.get("algorithm.lr", 0.03), alg
 
 
