@@ -230,3 +230,25 @@ def test_a_diverged_job_of_a_multirun_returns_nan_and_the_sweep_goes_on(
     with pytest.raises(SystemExit) as e:
         run_task(compose_tiny(conf, *args), tmp_path)
     assert e.value.code == 3
+
+
+def test_a_run_with_one_diverged_seed_returns_nan_and_a_single_run_exits_3(
+    conf, tmp_path, monkeypatch, capsys
+):
+    """Replicas where one seed diverged and the others ran on (NaNGuard stops only that seed):
+    the task names it on one error line and returns NaN in a multirun; a single run exits 3,
+    as a run that diverged does."""
+    from fedjax_semi import experiment
+
+    reason = "seed 0: rounds completed; seed 1: non-finite loss or model in round 2, seed 1: ..."
+
+    def one_seed_diverges(exp, out_dir):
+        return {"stop_reason": reason, "final": {"accuracy": 0.5}, "rounds_completed": 3}
+
+    monkeypatch.setattr(experiment, "run", one_seed_diverges)
+    args = ("algorithm=fedavg", f"out_dir={tmp_path / 'run'}")
+    assert math.isnan(run_task(compose_tiny(conf, *args, "hydra.mode=MULTIRUN"), tmp_path))
+    assert f"fedjax-semi: error: {reason}; outputs in" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        run_task(compose_tiny(conf, *args), tmp_path)
+    assert e.value.code == 3

@@ -102,6 +102,37 @@ def test_a_group_out_of_memory_names_its_size_and_the_setting(tmp_path, monkeypa
         vectorized.run_group(group, tmp_path)
 
 
+def test_a_diverging_job_stops_alone_and_the_others_run_on(tmp_path, capsys):
+    """lr 1e12 diverges; the job beside it in the same program runs every round, with the
+    numbers of its job run alone. (A NaN used to end the whole group, every job's summary
+    saying it diverged, and the launcher's multirun with it.) A group whose every job
+    diverges returns their summaries, each saying so, and raises nothing."""
+
+    def jobs(root: Path, lrs) -> list[vectorized.Job]:
+        over = ["rounds=3", "data_seed=0", "seed=0", "writers=[jsonl]"]
+        return [
+            vectorized.Job(i, compose_config(*over, f"algorithm.lr={lr}"), root / str(i), [])
+            for i, lr in enumerate(lrs)
+        ]
+
+    (group,) = vectorized.make_groups(jobs(tmp_path / "a", (LRS[0], 1e12)))
+    ran_on, diverged = vectorized.run_group(group, tmp_path / "a")
+    assert "non-finite loss or model in round" in diverged["stop_reason"]
+    assert diverged["rounds_completed"] < 3
+    assert (ran_on["stop_reason"], ran_on["rounds_completed"]) == ("rounds completed", 3)
+    assert "the other replicas go on" in capsys.readouterr().err
+    (alone,) = vectorized.make_groups(jobs(tmp_path / "b", (LRS[0],)))
+    vectorized.run_group(alone, tmp_path / "b")
+    together = strip(test_golden._rows(tmp_path / "a" / "0"))
+    by_itself = strip(test_golden._rows(tmp_path / "b" / "0"))
+    assert [r["round"] for r in together] == [r["round"] for r in by_itself] == [1, 2, 3]
+    for x, y in zip(together, by_itself, strict=True):
+        for k in ("train_loss", "accuracy"):
+            np.testing.assert_allclose(x[k], y[k], **TOL)
+    (group,) = vectorized.make_groups(jobs(tmp_path / "c", (1e12, 1e13)))
+    assert all("non-finite" in s["stop_reason"] for s in vectorized.run_group(group, tmp_path))
+
+
 @pytest.mark.slow  # with the SIGKILL of a group through the CLI: fast-suite time
 def test_a_group_resumed_from_its_checkpoint_ends_identical(tmp_path):
     """Two rounds, then resume=true to four, against four at once: every job's metrics.jsonl."""

@@ -137,12 +137,23 @@ def _task(cfg) -> float | None:
         finally:
             if applied:  # summary.json says which tuned values the run used
                 record_tuned(out_dir, applied)
-    return report_job(c, summary, out_dir, applied)
+    value = report_job(c, summary, out_dir, applied)
+    if diverged(summary) and (hc is None or hc.mode != RunMode.MULTIRUN):
+        sys.exit(3)  # a seed of the replicas diverged (the others ran on): as a NaN run exits
+    return value
+
+
+def diverged(summary: dict) -> bool:
+    """Whether the run, or a seed of its replicas, ended on a non-finite loss or model."""
+    return "non-finite" in str(summary.get("stop_reason"))
 
 
 def report_job(c, summary: dict, out_dir, applied: dict) -> float:
-    """The run's one line of results, and the value it returns to a sweeper (`objective`)."""
-    if "non-finite" in str(summary.get("stop_reason")):  # a finished run that diverged
+    """The run's one line of results, and the value it returns to a sweeper (`objective`):
+    NaN for a run that diverged, which a sweeper records as a failed trial."""
+    if diverged(summary):
+        print(f"fedjax-semi: error: {summary['stop_reason']}; outputs in {out_dir}",
+              file=sys.stderr)  # fmt: skip
         return float("nan")
     final = summary["final"]
     shown = {k: final[k] for k in ("accuracy", "global_acc", "personal_acc") if k in final}

@@ -128,6 +128,7 @@ def run_group(group: Group, sweep_dir: Path) -> list[dict]:
     """Train the group's jobs as one program and write each job's run directory. Returns each
     job's summary (its summary.json)."""
     from fedjax_semi import experiment
+    from fedjax_semi.engine.loop import NaNError
 
     first = group.jobs[0].cfg
     finished, pending = split_finished(group.jobs)
@@ -156,6 +157,8 @@ def run_group(group: Group, sweep_dir: Path) -> list[dict]:
     runner = exp.runner(seeds=[j.cfg.seed for j in group.jobs], hparams=group.traced)
     try:
         experiment.train(exp, out, runner, dirs=[j.out_dir for j in group.jobs])
+    except NaNError:  # every job diverged: each summary.json says so, and the sweep goes on
+        pass
     except Exception as e:  # noqa: BLE001 (XLA reports running out of memory as a runtime error)
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise

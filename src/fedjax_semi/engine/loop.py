@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -162,6 +163,7 @@ def train_and_evaluate(
             m = jax.device_get(m)
             for h in hooks:
                 h.check(run, rnd, m)
+            active = run.active  # less a replica the NaN guard stopped: it keeps its old state
             due = rnd == run.rounds or (
                 rnd % eval_every == 0
                 if eval_every_time is None
@@ -347,9 +349,11 @@ def pseudo_label_accuracy(index, label, eval_y) -> float | None:
 
 
 class NaNGuard(Hook):
-    """Ends the run (NaNError, naming the round and the clients) when a client of a running
-    replica reports a non-finite loss or model (`client_finite`); the checkpointer then keeps
-    the state before that round, in `checkpoint_dir`."""
+    """Stops a replica whose client reports a non-finite loss or model (`client_finite`): its
+    reason names the round and the clients, and it keeps the state before that round. The other
+    replicas go on, as they would have run alone (a vectorized sweep's other grid points, a
+    run's other seeds). When none is left running, the run ends with NaNError, and the
+    checkpointer keeps the state before that round in `checkpoint_dir`."""
 
     def __init__(self, checkpoint_dir: Path) -> None:
         self.checkpoint_dir = checkpoint_dir
@@ -360,13 +364,18 @@ class NaNGuard(Hook):
         if not bad.any():
             return
         cohort = np.asarray(metrics["cohort"]).reshape(n, -1)
-        where = [
-            run.label(r) + f"clients {cohort[r][bad[r]].tolist()}" for r in range(n) if bad[r].any()
-        ]
-        reason = f"non-finite loss or model in round {rnd}, " + "; ".join(where)
-        run.reasons = [reason if a else x for a, x in zip(active, run.reasons, strict=True)]
+        stopped = [r for r in range(n) if bad[r].any()]
+        for r in stopped:
+            run.reasons[r] = (
+                f"non-finite loss or model in round {rnd}, {run.label(r)}"
+                f"clients {cohort[r][bad[r]].tolist()}"
+            )
+        where = "; ".join(run.reasons[r] for r in stopped)
+        if any(run.active):
+            print(f"fedjax-semi: error: {where}; the other replicas go on", file=sys.stderr)
+            return
         raise NaNError(
-            f"{reason}; the state after round {rnd - 1} is checkpointed in {self.checkpoint_dir}"
+            f"{where}; the state after round {rnd - 1} is checkpointed in {self.checkpoint_dir}"
         )
 
 
