@@ -15,6 +15,8 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from fedjax_semi.tuned import diverged
+
 CONF_DIR = Path(os.environ.get("FEDJAX_SEMI_CONF", Path(__file__).resolve().parents[2] / "conf"))
 
 
@@ -141,11 +143,6 @@ def _task(cfg) -> float | None:
     if diverged(summary) and (hc is None or hc.mode != RunMode.MULTIRUN):
         sys.exit(3)  # a seed of the replicas diverged (the others ran on): as a NaN run exits
     return value
-
-
-def diverged(summary: dict) -> bool:
-    """Whether the run, or a seed of its replicas, ended on a non-finite loss or model."""
-    return "non-finite" in str(summary.get("stop_reason"))
 
 
 def report_job(c, summary: dict, out_dir, applied: dict) -> float:

@@ -147,6 +147,12 @@ def run_complete(summary: dict, rounds: int, same_stop: bool) -> bool:
     return reason != "rounds completed" and same_stop
 
 
+def diverged(summary: dict) -> bool:
+    """Whether the run, or a seed of its replicas, ended on a non-finite loss or model (the
+    stop reason engine.loop.NaNGuard writes)."""
+    return "non-finite" in str(summary.get("stop_reason"))
+
+
 def finished_summary(cfg: Any, out_dir: str | Path) -> dict | None:
     """With ``resume=true``: the summary of the run in ``out_dir`` when it is complete for
     ``cfg`` (a ``Config``), else None (train or resume as usual). A directory started with

@@ -23,7 +23,7 @@ import yaml
 
 from fedjax_semi.results.report import cut_value
 from fedjax_semi.results.tune_plan import LR, Plan, added_by_row, row_label, trial_id
-from fedjax_semi.tuned import run_complete
+from fedjax_semi.tuned import diverged, run_complete
 
 __all__ = ["Choice", "PointResult", "collect", "select", "write_outputs"]
 
@@ -83,7 +83,7 @@ def _value(run_dir: Path, rounds: int, metric: str, cut: Cut) -> float | None:
     summary = json.loads(path.read_text())
     if not run_complete(summary, rounds, same_stop=True):
         return None
-    if "non-finite" in str(summary.get("stop_reason")):
+    if diverged(summary):
         return math.nan
     if cut.last_k is not None or cut.budget_time is not None:
         value = _at_cut(run_dir, metric, cut)
