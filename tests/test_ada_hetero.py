@@ -60,6 +60,28 @@ def test_hetero_table_reads_round_time_waiting_and_the_paired_speed_up(tmp_path,
     assert f"* 60%: {r.mean():.2f} ± {r.std(ddof=1):.2f}x, HeteroAda faster in 1/2 seeds" in out
 
 
+def test_hetero_table_reads_semi_hfl_as_a_second_baseline(tmp_path, capsys):
+    """Semi-HFL (Fig. 16's other baseline) gets its column, the paper's round time and waiting
+    ratio (52 s, 10.4%) and its own paired speed-up (the paper: 1.3x)."""
+    write_run(tmp_path / "hetero", 0, "hetero_ada", [30] * 6, [0.3, 0.4, 0.5, 0.6, 0.6, 0.7],
+              [10] * 6, done_at=6)  # fmt: skip  # 60% at round 4: 2 min
+    write_run(tmp_path / "hetero", 1, "hetero_ada", [30] * 6, [0.3, 0.6, 0.6, 0.6, 0.6, 0.7],
+              [10] * 6, done_at=6)  # fmt: skip  # round 2: 1 min
+    # Semi-HFL: 45 s rounds; seed 0 reaches 60% at round 4 (3 min), seed 1 at round 2 (1.5 min).
+    write_run(tmp_path / "semi", 0, "semi_hfl", [45] * 4, [0.3, 0.5, 0.5, 0.6], [12] * 4, 4)
+    write_run(tmp_path / "semi", 1, "semi_hfl", [45] * 4, [0.3, 0.6, 0.6, 0.6], [14] * 4, 4)
+    ada_table.main(["hetero", str(tmp_path), "--targets", "60"])
+    out = capsys.readouterr().out
+    cells = {c[0]: c[1:] for c in (ln.strip("| ").split(" | ") for ln in out.splitlines()
+                                   if ln.startswith("| "))}  # fmt: skip
+    assert "Semi-HFL (2 seeds)" in out and " Ada-FedSemi (" not in out
+    assert cells["mean round time (s)"] == ["30.0 ± 0.0", "45.0 ± 0.0", "45 / 52"]
+    assert cells["waiting ratio (%, Eq. 34)"][1:] == ["13.0 ± 1.4", "6.7 / 10.4"]
+    assert "Semi-HFL's minutes / HeteroAda's, paired by seed; the paper: 1.3x" in out
+    r = np.array([3 / 2, 1.5 / 1])  # seed 0: 3 min / 2 min; seed 1: 1.5 min / 1 min
+    assert f"* 60%: {r.mean():.2f} ± {r.std(ddof=1):.2f}x, HeteroAda faster in 2/2 seeds" in out
+
+
 def test_hetero_table_bad_input_is_one_line(tmp_path, capsys):
     write_run(tmp_path / "a", 0, "ada_fedsemi", [60] * 2, [0.5, 0.6], [1, 2], done_at=2)
     for argv, needle in [

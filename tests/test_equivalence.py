@@ -39,9 +39,9 @@ def run_rounds(exp, runner, rounds: int) -> list[dict]:
 # DoFed-SPP, FedFomo and FedBE check chunk=1 = chunk=all = reference loop on their own partition
 # in test_dofed_spp.py / test_dofed_baselines.py; the mapping does not depend on the partition.
 # CFSL and HFSL: test_cfsl.py, through a split and labeling. Ada-FedSemi, FedSemi and FedAvg-P
-# (the ada partition's server pool and validation set): test_ada_fedsemi.py; HeteroAda-FedSemi:
-# test_hetero_ada.py (its multi-exit model and the TX2 clock: test_hetero_ada_parts.py).
-ADA = ("ada_fedsemi", "fedsemi", "fedavg_p", "hetero_ada")
+# (the ada partition's server pool and validation set): test_ada_fedsemi.py; HeteroAda-FedSemi
+# and Semi-HFL: test_hetero_ada.py (the multi-exit model and TX2 clock: test_hetero_ada_parts.py).
+ADA = ("ada_fedsemi", "fedsemi", "fedavg_p", "hetero_ada", "semi_hfl")
 # SCAFFOLD: test_scaffold.py. CoFED and FedMD need a public set (partition=cofed, a server
 # pool): test_cofed.py and test_fedmd.py check their grouped program against the reference loop.
 OWN_EQUIVALENCE_TESTS = (
@@ -111,8 +111,8 @@ def test_every_method_has_a_hidden_label_check():
     """Each method that may not read hidden labels is checked in the fast suite: here (the
     members mapped in the fast suite), in test_isolation.py or in its own file (UM-pFSSL;
     CoFED and Personalized FedAvg in test_cofed.py, FedMD in test_fedmd.py, CFSL and HFSL in
-    test_cfsl.py, Ada-FedSemi, FedSemi and FedAvg-P in test_ada_fedsemi.py, HeteroAda-FedSemi in
-    test_hetero_ada.py)."""
+    test_cfsl.py, Ada-FedSemi, FedSemi and FedAvg-P in test_ada_fedsemi.py, HeteroAda-FedSemi
+    and Semi-HFL in test_hetero_ada.py)."""
     assert set(FAST_MAPPED) | set(ORACLES) <= set(MAPPED)
     # SCAFFOLD in test_scaffold.py; FedOpt in test_fedopt.py (its names share one client update).
     scaffold_fedopt = {"scaffold", "fedopt", "fedadam", "fedyogi", "fedadagrad"}

@@ -2,7 +2,8 @@
 heterogeneous TX2 clock): the masked full model against an implementation that trains each depth
 group's sub-model alone (acceptance check 23), chunk=1 = chunk=all = the reference loop, the
 round's clock, hidden pool labels and the validation set reaching nothing they must not, and
-one-line errors for bad input. The model and kernels are in test_hetero_ada_parts.py."""
+one-line errors for bad input; Semi-HFL (the same round with a static depth rule). The model
+and kernels are in test_hetero_ada_parts.py."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from fedjax_semi.engine.train import local_train
 from fedjax_semi.errors import ConfigError
 from fedjax_semi.models.vgg import NUM_PARTS, exit_part
 from fedjax_semi.systems import tx2
+from test_hetero_ada_parts import np_quantile_depths
 
 L = NUM_PARTS
 
@@ -99,6 +101,60 @@ def test_round_clock_depths_and_waiting_ratio(hetero, hetero_rows):
         assert int(m["num_pseudo"]) > 0 and int(m["server_steps"]) > 0
 
 
+# Semi-HFL (the paper's baseline for HeteroAda): the same round with a static depth rule and C
+# fixed (its default 0.95 selects no pseudo-label of this tiny model in 3 rounds; C = 0 runs the
+# server epoch, as above), P fixed: six clients a round. lr 0.01: at HeteroAda's 0.1 its depth
+# pattern overflows this tiny model's loss by round 2 (3e29), where no comparison is meaningful.
+SEMI = [*(o for o in BASE if o not in ("algorithm=hetero_ada", "algorithm.lr=0.1")),
+        "algorithm=semi_hfl", "algorithm.lr=0.01", *FIXED]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def semi():
+    return experiment.build(compose_config(*SEMI))
+
+
+@pytest.fixture(scope="module")
+def semi_runner(semi):
+    return semi.runner(chunk=1, eval_chunk=1)
+
+
+@pytest.fixture(scope="module")
+def semi_rows(semi_runner):
+    return run(semi_runner, 3)
+
+
+def test_semi_hfl_depths_are_static_and_its_threshold_fixed(semi, semi_rows):
+    """Every round, the selected clients split into equal groups by the nominal full-model time
+    profiled once before round 1 (written out here in NumPy: the mode of rounds 1-20, the
+    group's mean bandwidth), the slowest on H^1; the estimates are never renewed; C is fixed
+    (0.95 by default)."""
+    alg, c, sysc = semi.alg, semi.cfg.algorithm, semi.cfg.systems
+    states, rows = semi_rows
+    mode = np.asarray(tx2.modes(alg.tx2, jax.random.PRNGKey(semi.cfg.seed), 0, M))
+    bw = np.asarray(sysc.tx2.group_bw_mbps)[tx2.client_groups(M, alg.tx2.group_shares)]
+    t_cp = sysc.tx2.overhead_s + sysc.tx2.compute_full_s / np.asarray(sysc.tx2.speeds)[mode]
+    nominal = t_cp + 2 * c.part_bytes[-1] / 1e6 / bw
+    seen = set()
+    for m in rows:
+        sel = np.asarray(m["selected"])
+        assert sel.sum() == math.ceil(0.6 * M) and float(m["C"]) == 0.0
+        np.testing.assert_array_equal(m["depth"], np_quantile_depths(nominal, sel, L))
+        seen |= set(np.asarray(m["depth"])[sel].tolist())
+    assert seen == {1, 2, 3}
+    for name in ("psi_hat", "gamma_hat"):
+        for s in states[1:]:
+            np.testing.assert_array_equal(getattr(s, name), getattr(states[0], name))
+    default = compose_config(*SEMI[: -len(FIXED)])  # C and P at their defaults
+    assert (default.algorithm.adaptive_c, default.algorithm.fixed_c) == (False, 0.95)
+
+
+def test_semi_hfl_needs_a_fixed_threshold():
+    with pytest.raises(ConfigError) as e:
+        experiment.build(compose_config(*SEMI, "algorithm.adaptive_c=true"))
+    assert str(e.value).startswith("algorithm.adaptive_c=True") and "semi_hfl" in str(e.value)
+
+
 @pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
 def test_masked_full_model_equals_group_per_depth(hetero, runner1, hetero_rows):
     """Acceptance 23: the masked full model (the runtime) and a second implementation, one map
@@ -151,14 +207,16 @@ def test_masked_full_model_equals_group_per_depth(hetero, runner1, hetero_rows):
 
 
 @pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
-def test_chunk_and_reference_agree(hetero, hetero_rows):
+@pytest.mark.parametrize("name", ["hetero", "semi"])
+def test_chunk_and_reference_agree(name, request):
     """chunk=1 (lax.map), chunk=all (one vmap) and the reference loop: the same selections and
     depths exactly, the same numbers to float32 rounding (atol 1e-4: a vmap batches the
     clients' matmuls, which reorders float32 sums; the arithmetic is otherwise the same)."""
+    exp = request.getfixturevalue(name)
     results = {
-        "chunk=1": hetero_rows,
-        "chunk=all": run(hetero.runner(chunk="all", eval_chunk="all"), 3),
-        "reference": run(hetero.runner(backend="reference"), 3),
+        "chunk=1": request.getfixturevalue(f"{name}_rows"),
+        "chunk=all": run(exp.runner(chunk="all", eval_chunk="all"), 3),
+        "reference": run(exp.runner(backend="reference"), 3),
     }
     ref_states, ref_rows = results["reference"]
     for label, (states, rows) in results.items():
@@ -177,17 +235,22 @@ def test_chunk_and_reference_agree(hetero, hetero_rows):
             np.testing.assert_allclose(x, y, atol=1e-4, err_msg=label)
 
 
-def test_hidden_pool_labels_change_only_the_pseudo_label_accuracy(hetero, runner1, hetero_rows):
-    runner = runner1
-    states, rows = hetero_rows
-    bad_fed = corrupt_server_labels(hetero.fed, "server_unlabeled", visible=False)
+@pytest.mark.parametrize("name", ["hetero", "semi"])
+def test_hidden_pool_labels_change_only_the_pseudo_label_accuracy(name, request):
+    exp = request.getfixturevalue(name)
+    runner = request.getfixturevalue("runner1" if name == "hetero" else "semi_runner")
+    states, rows = request.getfixturevalue(f"{name}_rows")
+    bad_fed = corrupt_server_labels(exp.fed, "server_unlabeled", visible=False)
     with swapped_data(runner, bad_fed) as r:
         bad_states, bad_rows = run(r, 3, r.alg.init(jax.random.PRNGKey(0), r.fed))
     chex.assert_trees_all_equal(states, bad_states)
     chex.assert_trees_all_equal(rows, bad_rows)
-    acc = pseudo_label_accuracy(rows[-1]["pl_index"], rows[-1]["pl_label"], hetero.fed.eval_y)
-    bad = pseudo_label_accuracy(rows[-1]["pl_index"], rows[-1]["pl_label"], bad_fed.eval_y)
-    assert acc is not None and acc != bad
+    index, label = np.asarray(rows[-1]["pl_index"]), np.asarray(rows[-1]["pl_label"])
+    assert pseudo_label_accuracy(index, label, exp.fed.eval_y) is not None
+    # The diagnostic reads them: row by row, the hits change (the shares can tie: a model that
+    # predicts one class scores that class's share under both labelings).
+    hits = [label == np.asarray(f.eval_y)[index] for f in (exp.fed, bad_fed)]
+    assert not np.array_equal(*hits)
 
 
 def test_validation_set_never_trains(hetero, runner1, hetero_rows):

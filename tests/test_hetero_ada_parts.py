@@ -249,6 +249,36 @@ def test_alg3_with_at_most_L_clients():
     assert d3.tolist() == [3, 1, 2, 0]
 
 
+def np_quantile_depths(t, sel, num_parts):
+    """Semi-HFL's split in plain NumPy: the selected clients sorted fastest first (ties: the
+    higher index first, so the lower index counts as slower), cut into num_parts groups of
+    n // L, the first n % L groups (the fastest) one larger; group g trains H^{L - g}."""
+    ids = np.flatnonzero(sel)
+    order = ids[np.lexsort((-ids, t[ids]))]  # by time, then by decreasing index
+    n, out = len(ids), np.zeros(len(t), np.int32)
+    sizes = [n // num_parts + (g < n % num_parts) for g in range(num_parts)]
+    start = 0
+    for g, size in enumerate(sizes):
+        out[order[start : start + size]] = num_parts - g
+        start += size
+    return out
+
+
+def test_semi_hfl_depths_match_numpy():
+    """Equal groups by time among the selected clients, the slowest H^1, the fastest H^L; the
+    faster groups take the remainder, so n < L gives depths L - n + 1 .. L as Alg. 3 does."""
+    rng = np.random.default_rng(0)
+    split = jax.jit(depths.quantile_depths, static_argnums=2)
+    for trial in range(40):  # one shape (one compile); 0 to 12 selected, ties every third
+        t = rng.choice([10.0, 20.0, 30.0, 40.0], 12) if trial % 3 == 0 else rng.uniform(5, 90, 12)
+        sel = rng.random(12) < rng.uniform(0.05, 1.0)
+        got = np.asarray(split(jnp.asarray(t, jnp.float32), jnp.asarray(sel), L))
+        np.testing.assert_array_equal(got, np_quantile_depths(t, sel, L), err_msg=str(t))
+    t = jnp.asarray([30.0, 90.0, 60.0, 10.0, 50.0, 20.0, 70.0])
+    assert depths.quantile_depths(t, jnp.ones(7, bool), L).tolist() == [3, 1, 2, 3, 2, 3, 1]
+    assert depths.quantile_depths(t[:2], jnp.ones(2, bool), L).tolist() == [3, 2]
+
+
 def test_kmeans_restarts_and_min_rel_gap():
     """kmeans_restarts keeps the lowest within-cluster SSE over the draws (here: the better
     optimum of the fixed example); min_rel_gap merges near-identical clients into the deeper
@@ -312,6 +342,9 @@ def test_tx2_devices():
     group = tx2.client_groups(20, sys.group_shares)
     for g, mean in enumerate(sys.group_bw_mbps):
         assert bw[:, group == g].mean() == pytest.approx(mean, rel=0.03)
+    # A nominal time (Semi-HFL's profile): the round's mode, the group's mean bandwidth.
+    _, t_cm = tx2.client_times(sys, key, 0, 20, 1.0, 4e6, mean_bandwidth=True)
+    np.testing.assert_allclose(t_cm, 2 * 4.0 / np.asarray(sys.group_bw_mbps)[group], rtol=1e-6)
 
 
 class TestAgainstNumPy(chex.TestCase):

@@ -21,6 +21,7 @@ both agents unchanged, whose selected clients train prefix sub-models H^d of a m
                 renewed from the times they report (Eqs. 24-25), the others keep theirs
 
 The state is `HeteroAdaState`: Ada-FedSemi's `AdaState` and the estimates psi_hat, gamma_hat.
+Semi-HFL, the paper's baseline for it, is this round with a static depth rule (`semi_hfl`).
 """
 
 from __future__ import annotations
@@ -109,19 +110,22 @@ def masked_updates(keep: PyTree) -> optax.GradientTransformation:
 
 @dataclasses.dataclass
 class HeteroAdaFedSemi(AdaFedSemi):
+    """static_depths: the Semi-HFL baseline's rule instead of Alg. 3 (see `semi_hfl`)."""
+
     cfg: HeteroAdaConfig
     name: str = "hetero_ada"
+    static_depths: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         c, module = self.cfg, self.model.module
         if not isinstance(module, VGG9Exits):
-            raise bad("model.name", self.model.name, "vgg9_exits for algorithm hetero_ada")
+            raise bad("model.name", self.model.name, f"vgg9_exits for algorithm {self.name}")
         if self.tx2 is None:
             raise bad(
                 "systems.name",
                 self.systems.name,
-                "tx2 for algorithm hetero_ada (Eqs. 23-25 read the clients' reported times)",
+                f"tx2 for algorithm {self.name} (Eqs. 23-25 read the clients' reported times)",
             )
         self.num_parts = NUM_PARTS
         if len(c.part_bytes) != NUM_PARTS:
@@ -145,21 +149,24 @@ class HeteroAdaFedSemi(AdaFedSemi):
 
     def init(self, key: jax.Array, fed: FederatedData) -> HeteroAdaState:
         """Ada-FedSemi's state and each client's profiled estimates psi_hat, gamma_hat [M]: a
-        one-off benchmark of the full model before round 1 (Eqs. 24-25 need a k = 0 time)."""
+        one-off benchmark of the full model before round 1 (Eqs. 24-25 need a k = 0 time);
+        static_depths: at its mean bandwidth (a nominal profile, never renewed)."""
         base = super().init(key, fed)
-        t_cp, t_cm = self._times(key, jnp.int32(0), jnp.full((self.num_clients,), NUM_PARTS))
+        full = jnp.full((self.num_clients,), NUM_PARTS)
+        t_cp, t_cm = self._times(key, jnp.int32(0), full, mean_bandwidth=self.static_depths)
         psi, gamma = depths.capability(self.pi[-1], self.omega[-1], t_cp, t_cm)
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
         return HeteroAdaState(**fields, psi_hat=psi, gamma_hat=gamma)
 
-    def _times(self, key, r, depth):
+    def _times(self, key, r, depth, mean_bandwidth: bool = False):
         """(t^cp, t^cm) [M] of the TX2 clients training the sub-models H^depth (depth [M])."""
         c, d = self.cfg, jnp.clip(depth, 1, NUM_PARTS) - 1
         load = jnp.asarray(c.part_loads, jnp.float32)
         size = jnp.asarray(c.part_bytes, jnp.float32)[d]
         return tx2.client_times(
-            self.tx2, key, r, self.num_clients, load[d] / load[-1], size, c.traffic_directions
-        )
+            self.tx2, key, r, self.num_clients, load[d] / load[-1], size, c.traffic_directions,
+            mean_bandwidth,
+        )  # fmt: skip
 
     def client_times(self, plan: AdaPlan, key: jax.Array, r: jax.Array):
         """Each client's (t^cp, t^cm) for its sub-model H^{d_m} and its bytes [M] (Table 9)."""
@@ -173,14 +180,18 @@ class HeteroAdaFedSemi(AdaFedSemi):
         self, state: HeteroAdaState, data: TrainView, key: jax.Array
     ) -> tuple[AdaPlan, DepthTable, RoundShared]:
         """Ada-FedSemi's selection, then Alg. 3: the estimated full-model times (Eq. 23) of the
-        selected clients clustered into their depths d_m."""
+        selected clients clustered into their depths d_m (static_depths: split into equal
+        groups by their nominal times)."""
         c = self.cfg
         plan, rows, shared = super().select(state, data, key)
         t_hat = depths.full_model_time(self.pi[-1], self.omega[-1], state.psi_hat, state.gamma_hat)
-        depth = depths.assign_depths(
-            round_key(key, HETERO_KMEANS, state.round + 1), t_hat, plan.sel, NUM_PARTS,
-            c.kmeans_restarts, c.kmeans_max_iter, c.min_rel_gap,
-        )  # fmt: skip
+        if self.static_depths:
+            depth = depths.quantile_depths(t_hat, plan.sel, NUM_PARTS)
+        else:
+            depth = depths.assign_depths(
+                round_key(key, HETERO_KMEANS, state.round + 1), t_hat, plan.sel, NUM_PARTS,
+                c.kmeans_restarts, c.kmeans_max_iter, c.min_rel_gap,
+            )  # fmt: skip
         rows = DepthTable(rows.id, rows.table, depth)
         return plan.replace(depth=depth), rows, shared
 
@@ -216,7 +227,7 @@ class HeteroAdaFedSemi(AdaFedSemi):
         t_cp, t_cm, _ = self.client_times(plan, key, r)
         d = jnp.clip(plan.depth, 1, NUM_PARTS) - 1
         psi, gamma = depths.capability(self.pi[d], self.omega[d], t_cp, t_cm)
-        renew = plan.sel & ~state.done
+        renew = plan.sel & ~state.done & (not self.static_depths)
         new = new.replace(
             psi_hat=jnp.where(renew, psi, state.psi_hat),
             gamma_hat=jnp.where(renew, gamma, state.gamma_hat),
@@ -230,3 +241,16 @@ class HeteroAdaFedSemi(AdaFedSemi):
 @register("hetero_ada", HeteroAdaConfig)
 def hetero_ada(cfg: HeteroAdaConfig, **kw) -> HeteroAdaFedSemi:
     return HeteroAdaFedSemi(cfg, **kw)
+
+
+@register("semi_hfl", HeteroAdaConfig)
+def semi_hfl(cfg: HeteroAdaConfig, **kw) -> HeteroAdaFedSemi:
+    """Semi-HFL, the baseline of Sec. 5.8 (Figs. 16-17; the authors' modification for
+    server-side unlabeled data): HeteroAda-FedSemi's multi-exit clients, layer-wise
+    aggregation and P-agent, but each client's depth from a static heuristic (a nominal
+    full-model time profiled once before round 1, at its first mode and its group's mean
+    bandwidth, never renewed; the selected clients split into equal groups by it) and a fixed
+    pseudo-label threshold C (fixed_c)."""
+    if cfg.adaptive_c:
+        raise bad("algorithm.adaptive_c", True, "false for algorithm semi_hfl (C fixed)")
+    return HeteroAdaFedSemi(cfg, name="semi_hfl", static_depths=True, **kw)

@@ -1,7 +1,8 @@
 """HeteroAda-FedSemi's kernels (Xu et al., "Enhancing Federated Learning with Server-Side
 Unlabeled Data by Adaptive Client and Data Selection", Sec. 4.2, Eqs. 23-25, Algorithm 3): each
 client's estimated full-model time from what it reported last round, the 1-D k-means of those
-times into depths (sub-models H^1 .. H^L), and the layer-wise aggregation of the sub-models.
+times into depths (sub-models H^1 .. H^L), the Semi-HFL baseline's static split into equal
+groups, and the layer-wise aggregation of the sub-models.
 
 Pure jnp, jit-compatible, fixed shapes: `[M]` is every client (a bool mask marks the selected
 ones), `[L]` the parts / depths. Randomness only from explicit keys.
@@ -157,10 +158,31 @@ def assign_depths(
     best = jnp.argmin(sse)
     by_kmeans = cluster_depths(clusters[best], cents[best], sel, min_rel_gap)
     # n <= L (Alg. 3 lines 5-6): U^{L-n+1} .. U^L, one client each, slowest first.
-    order = jnp.argsort(jnp.where(sel, -t, jnp.inf), stable=True)
-    rank = jnp.zeros(t.shape, jnp.int32).at[order].set(jnp.arange(t.shape[0], dtype=jnp.int32))
-    singletons = jnp.where(sel, num_parts - n + 1 + rank, 0).astype(jnp.int32)
+    singletons = jnp.where(sel, num_parts - n + 1 + slowest_first(t, sel), 0).astype(jnp.int32)
     return jnp.where(n > num_parts, by_kmeans, singletons)
+
+
+def slowest_first(t: jax.Array, sel: jax.Array) -> jax.Array:
+    """Each selected client's rank by decreasing time t [M] (0: the slowest; ties: the lower
+    index first; sel bool [M]), the unselected ranked after them -> int32 [M]."""
+    order = jnp.argsort(jnp.where(sel, -t, jnp.inf), stable=True)
+    return jnp.zeros(t.shape, jnp.int32).at[order].set(jnp.arange(t.shape[0], dtype=jnp.int32))
+
+
+def quantile_depths(t: jax.Array, sel: jax.Array, num_parts: int) -> jax.Array:
+    """Semi-HFL's static heuristic (the baseline of Xu et al.'s Sec. 5.8, after Semi-HFL's
+    depth by device capability): the selected clients split into num_parts groups of equal
+    size by their time t [M], the slowest group training H^1 and the fastest H^L (n not a
+    multiple of L: the faster groups take one more; n < L: depths L - n + 1 .. L, so the
+    fastest client always trains the full model, as in Alg. 3) -> depth int32 [M], 0 where
+    not sel."""
+    t, sel = jnp.asarray(t, jnp.float32), jnp.asarray(sel, bool)
+    chex.assert_rank(t, 1)
+    chex.assert_equal_shape([t, sel])
+    n = jnp.maximum(jnp.sum(sel), 1)
+    fastest_first = n - 1 - slowest_first(t, sel)  # 0: the fastest selected client
+    depth = num_parts - (fastest_first * num_parts) // n
+    return jnp.where(sel, depth, 0).astype(jnp.int32)
 
 
 # ----------------------------------------------------------------------------- aggregation

@@ -23,10 +23,12 @@ def _bad(flag: str, value, allowed: str) -> ValueError:
 
 
 def method_name(cfg: dict) -> str:
-    """Ada-FedSemi, HeteroAda-FedSemi, FedSemi-P-C or FedAvg-P (fedavg_p, or fedsemi at C = 1.0:
-    the same run)."""
+    """Ada-FedSemi, HeteroAda-FedSemi, Semi-HFL, FedSemi-P-C or FedAvg-P (fedavg_p, or fedsemi
+    at C = 1.0: the same run)."""
     a = cfg.get("algorithm", {})
     p, c = a.get("fixed_p"), a.get("fixed_c")
+    if a.get("name") == "semi_hfl":
+        return "Semi-HFL"
     if a.get("name") in ("ada_fedsemi", "hetero_ada"):
         knobs = (("P", p, a.get("adaptive_p", True)), ("C", c, a.get("adaptive_c", True)))
         fixed = [f"{k} = {v:g}" for k, v, adaptive in knobs if not adaptive]
@@ -70,7 +72,7 @@ def run_rows(run: dict) -> list[dict]:
     if not rows or any(TIME not in r or TRAFFIC not in r for r in rows):
         raise ValueError(
             f"run {str(run['dir'])!r}: metrics.jsonl lacks {TIME} / {TRAFFIC} (the rows of "
-            "ada_fedsemi, fedsemi and fedavg_p)"
+            "ada_fedsemi, fedsemi, fedavg_p, hetero_ada and semi_hfl)"
         )
     end = next((i for i, r in enumerate(rows) if r.get("done")), len(rows) - 1)
     return rows[: end + 1]

@@ -65,6 +65,7 @@ SENSITIVE_KNOBS: dict[str, tuple[dict[str, Any], ...]] = {
     # Ada-FedSemi (Eq. 18): the bandits' inverse temperature psi.
     "ada_fedsemi": _each("algorithm.psi", 1.0, 3.0),
     "hetero_ada": _each("algorithm.psi", 1.0, 3.0),
+    "semi_hfl": _each("algorithm.psi", 1.0, 3.0),  # its P-agent is HeteroAda's
     # DoFed-SPP (its Appendix B's sensitivity analysis): the warm-up length L.
     "dofed_spp": _each("algorithm.warmup_rounds", 5, 10),
 }

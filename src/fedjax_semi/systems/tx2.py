@@ -73,12 +73,17 @@ def modes(sys: Tx2System, key: jax.Array, rnd: jax.Array, num_clients: int) -> j
     return jax.random.randint(k, (num_clients,), 0, len(sys.speeds)).astype(jnp.int32)
 
 
+def mean_bandwidth_mbps(sys: Tx2System, num_clients: int) -> jax.Array:
+    """Each client's mean bandwidth, its distance group's, MB/s float32 [M]."""
+    group = jnp.asarray(client_groups(num_clients, sys.group_shares))
+    return jnp.asarray(sys.group_bw_mbps, jnp.float32)[group]
+
+
 def bandwidth_mbps(sys: Tx2System, key: jax.Array, rnd: jax.Array, num_clients: int):
     """Each client's bandwidth in round rnd, MB/s float32 [M] (mean: its group's)."""
-    group = jnp.asarray(client_groups(num_clients, sys.group_shares))
     z = jax.random.normal(round_key(key, TX2_BANDWIDTH, rnd), (num_clients,))
     factor = jnp.exp(sys.bw_sigma * z - 0.5 * sys.bw_sigma**2)
-    return jnp.asarray(sys.group_bw_mbps, jnp.float32)[group] * factor
+    return mean_bandwidth_mbps(sys, num_clients) * factor
 
 
 def client_times(
@@ -89,12 +94,17 @@ def client_times(
     load_frac: Any,
     size_bytes: Any,
     directions: int = 2,
+    mean_bandwidth: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """(t^cp, t^cm) float32 [M] seconds of every client in round rnd, for the (sub-)model each
     would train: load_frac [M] (or [], broadcast) its training load over the full model's
-    (Table 9: load_d / load_L), size_bytes [M] (or []) its size, exchanged `directions` times."""
+    (Table 9: load_d / load_L), size_bytes [M] (or []) its size, exchanged `directions` times.
+    mean_bandwidth: at its group's mean bandwidth instead of the round's draw (a nominal time)."""
     speed = jnp.asarray(sys.speeds, jnp.float32)[modes(sys, key, rnd, num_clients)]
     t_cp = sys.overhead_s + sys.compute_full_s * jnp.asarray(load_frac, jnp.float32) / speed
-    bw = bandwidth_mbps(sys, key, rnd, num_clients)
+    if mean_bandwidth:
+        bw = mean_bandwidth_mbps(sys, num_clients)
+    else:
+        bw = bandwidth_mbps(sys, key, rnd, num_clients)
     t_cm = directions * (jnp.asarray(size_bytes, jnp.float32) / BYTES_PER_MB) / bw
     return t_cp, t_cm
