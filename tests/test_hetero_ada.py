@@ -61,13 +61,13 @@ def hetero():
 
 
 @pytest.fixture(scope="module")
-def runner1(hetero):
+def hetero_runner(hetero):
     return hetero.runner(chunk=1, eval_chunk=1)
 
 
 @pytest.fixture(scope="module")
-def hetero_rows(runner1):
-    return run(runner1, 3)
+def hetero_rows(hetero_runner):
+    return run(hetero_runner, 3)
 
 
 def test_round_clock_depths_and_waiting_ratio(hetero, hetero_rows):
@@ -156,14 +156,14 @@ def test_semi_hfl_needs_a_fixed_threshold():
 
 
 @pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
-def test_masked_full_model_equals_group_per_depth(hetero, runner1, hetero_rows):
+def test_masked_full_model_equals_group_per_depth(hetero, hetero_runner, hetero_rows):
     """Acceptance 23: the masked full model (the runtime) and a second implementation, one map
     per depth group training the sub-model H^b alone on the parameters of parts <= b (what
     a real client receives and uploads), aggregated over the uploads that hold each part, give
     the same models for the same keys: the same depths and arithmetic, equal to float32
     rounding (atol 1e-6; they are two XLA programs, the masked one carrying the zero-weighted
     deeper exits, so XLA fuses and orders some float32 sums differently: 6e-8 measured)."""
-    alg, runner = hetero.alg, runner1
+    alg, runner = hetero.alg, hetero_runner
     state, key, data = hetero_rows[0][1], runner._keys, runner.data  # after round 1
     plan, inputs, shared = jax.jit(alg.select)(state, data, key)
     masked_out = jax.jit(lambda i, s: map_clients(alg.client_update, i, s, chunk=1))(inputs, shared)
@@ -238,7 +238,7 @@ def test_chunk_and_reference_agree(name, request):
 @pytest.mark.parametrize("name", ["hetero", "semi"])
 def test_hidden_pool_labels_change_only_the_pseudo_label_accuracy(name, request):
     exp = request.getfixturevalue(name)
-    runner = request.getfixturevalue("runner1" if name == "hetero" else "semi_runner")
+    runner = request.getfixturevalue(f"{name}_runner")
     states, rows = request.getfixturevalue(f"{name}_rows")
     bad_fed = corrupt_server_labels(exp.fed, "server_unlabeled", visible=False)
     with swapped_data(runner, bad_fed) as r:
@@ -253,8 +253,8 @@ def test_hidden_pool_labels_change_only_the_pseudo_label_accuracy(name, request)
     assert not np.array_equal(*hits)
 
 
-def test_validation_set_never_trains(hetero, runner1, hetero_rows):
-    runner = runner1
+def test_validation_set_never_trains(hetero, hetero_runner, hetero_rows):
+    runner = hetero_runner
     states, rows = hetero_rows
     with swapped_data(runner, corrupt_server_labels(hetero.fed, "server_val", visible=True)) as r:
         bad_states, bad_rows = run(r, 3, r.alg.init(jax.random.PRNGKey(0), r.fed))
@@ -265,12 +265,12 @@ def test_validation_set_never_trains(hetero, runner1, hetero_rows):
 
 
 @pytest.mark.slow  # make test-slow (the fast suite must stay under 12 minutes)
-def test_update_mask_in_the_round(hetero, runner1, hetero_rows):
+def test_update_mask_in_the_round(hetero, hetero_runner, hetero_rows):
     """Acceptance 19 through the method's own client update, with weight decay on: each
     selected client's parts deeper than its depth come back exactly as broadcast."""
     cfg = dataclasses.replace(hetero.alg.cfg, weight_decay=0.01)
     alg = dataclasses.replace(hetero.alg, cfg=cfg)
-    runner = runner1
+    runner = hetero_runner
     state = hetero_rows[0][1]
     plan, inputs, shared = jax.jit(alg.select)(state, runner.data, runner._keys)
     out = jax.jit(lambda i, s: map_clients(alg.client_update, i, s, chunk=1))(inputs, shared)

@@ -221,17 +221,18 @@ class HeteroAdaFedSemi(AdaFedSemi):
         """Ada-FedSemi's server update with the layer-wise aggregation, then Eqs. 24-25: the
         selected clients' estimates renewed; the depths in the metrics."""
         new, metrics = super().server_update(state, plan, up, key)
-        r = state.round + 1
-        # Eqs. 24-25 from the times the selected clients report (the same draws as the round's
-        # clock); the others keep their last one (nothing newer), and an ended run keeps them all.
-        t_cp, t_cm, _ = self.client_times(plan, key, r)
-        d = jnp.clip(plan.depth, 1, NUM_PARTS) - 1
-        psi, gamma = depths.capability(self.pi[d], self.omega[d], t_cp, t_cm)
-        renew = plan.sel & ~state.done & (not self.static_depths)
-        new = new.replace(
-            psi_hat=jnp.where(renew, psi, state.psi_hat),
-            gamma_hat=jnp.where(renew, gamma, state.gamma_hat),
-        )
+        if not self.static_depths:  # Semi-HFL keeps its one profile
+            # Eqs. 24-25 from the times the selected clients report (the same draws as the
+            # round's clock); the others keep their last one (nothing newer), and an ended run
+            # keeps them all.
+            t_cp, t_cm, _ = self.client_times(plan, key, state.round + 1)
+            d = jnp.clip(plan.depth, 1, NUM_PARTS) - 1
+            psi, gamma = depths.capability(self.pi[d], self.omega[d], t_cp, t_cm)
+            renew = plan.sel & ~state.done
+            new = new.replace(
+                psi_hat=jnp.where(renew, psi, state.psi_hat),
+                gamma_hat=jnp.where(renew, gamma, state.gamma_hat),
+            )
         metrics["depth"] = plan.depth
         for b in range(1, NUM_PARTS + 1):
             metrics[f"n_depth{b}"] = jnp.sum(plan.depth == b).astype(jnp.int32)
