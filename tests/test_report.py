@@ -267,3 +267,20 @@ def test_a_resumed_run_pools_with_the_runs_it_ran_beside(tmp_path):
     assert "| algorithm=a | 1 | 60.00 ± 0.00" in text
     assert "| algorithm=b | 1 | 70.00 ± 0.00" in text
     assert "resume=" not in text and "progress=" not in text
+
+
+def test_the_values_behind_default_are_listed_from_run_config(tmp_path):
+    """A setting that overrides no lr reads `algorithm.lr=default`; the lines under the table
+    give the lr its runs resolved (a tuned file's 0.04, not the preset's), and say nothing of
+    a key whose runs did not record it or recorded two values."""
+    for alg, over, lr in (("a", ["algorithm.lr=0.05"], 0.05), ("b", [], 0.04), ("c", [], None)):
+        for seed in (0, 1):
+            d = tmp_path / f"{alg}{seed}"
+            _run(d, [f"algorithm={alg}", f"seed={seed}", *over], lambda t: 0.5)
+            algo = {"name": alg} if lr is None else {"name": alg, "lr": lr}
+            (d / "run_config.json").write_text(json.dumps({"algorithm": algo, "seed": seed}))
+    text = report(tmp_path, ["personal_acc"])
+    assert "| algorithm.lr=default algorithm=b | 2 |" in text
+    behind = text.split("Behind `default`")[1]
+    assert "- algorithm.lr=default algorithm=b: algorithm.lr=0.04" in behind
+    assert "algorithm=c" not in behind and "0.05" not in behind

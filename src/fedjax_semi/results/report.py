@@ -127,6 +127,23 @@ def _split_by_settings(runs: list[dict], labels: list[str]) -> list[str]:
     return out
 
 
+def default_values(groups: dict[str, list[dict]]) -> list[str]:
+    """One line per setting with `key=default` tokens: the values its runs resolved for those
+    keys (run_config.json: the preset, then its tuned file), so a label's `default` is never
+    read as the preset's value where a tuned file set another. Keys the runs do not record
+    are left out (runs of one label never record two values: `_split_by_settings`)."""
+    lines = []
+    for label, rs in groups.items():
+        resolved = []
+        for token in label.split(" "):
+            key, value = _split(token)
+            if value == "default" and all(key in r.get("settings", {}) for r in rs):
+                resolved.append(f"{key}={rs[0]['settings'][key]}")
+        if resolved:
+            lines.append(f"- {label}: {', '.join(resolved)}")
+    return lines
+
+
 def grouped_runs(root: Path) -> dict[str, list[dict]]:
     """The runs under root grouped by setting (`_settings`), the seeds of one setting together."""
     runs = find_runs(root)
@@ -403,6 +420,10 @@ def report(
     text = "\n".join(md)
     if verdicts:
         text += "\n\n" + summary_line(verdicts, gates)
+    behind = default_values(groups)
+    if behind:
+        text += "\n\nBehind `default` (the preset and its tuned file, from run_config.json):\n"
+        text += "\n".join(behind)
     csv_path = csv_path or Path(root) / "report.csv"
     fields = sorted(
         {k for r in csv_rows for k in r}, key=lambda k: (k != "setting", k != "seeds", k)
