@@ -44,8 +44,8 @@ def test_the_app_applies_matching_tuned_values_unless_the_command_line_gives_the
 
 def test_dofed_records_tuned_values_apply_to_the_reading_they_were_tuned_on():
     # conf/tuned/dofed_spp_fmnist_record.yaml was tuned on SUBSET's `balanced` and `even`
-    # assignments and on NORMAL's `fixed_total` sizing; NORMAL's `per_class` sizing keeps the
-    # preset's lr.
+    # assignments and on NORMAL's `fixed_total` and `per_class` sizings, with other values in
+    # each; SUBSET's `random` assignment, never searched, keeps the preset's lr.
     runs = {
         ("subset", "assignment=balanced", "fedfomo"): {"algorithm.lr": 0.0001},
         ("subset", "assignment=balanced", "dofed_spp"): {"algorithm.lr": 0.01},
@@ -54,7 +54,9 @@ def test_dofed_records_tuned_values_apply_to_the_reading_they_were_tuned_on():
         ("normal", "size_mode=fixed_total", "fedfomo"): {"algorithm.lr": 0.03},
         ("normal", "size_mode=fixed_total", "fedbe_cpu"): {"algorithm.lr": 0.03},
         ("normal", "size_mode=fixed_total", "local"): {"algorithm.lr": 0.03},
-        ("normal", "size_mode=per_class", "fedfomo"): {},
+        ("normal", "size_mode=per_class", "fedfomo"): {"algorithm.lr": 0.03},
+        ("normal", "size_mode=per_class", "dofed_spp"): {"algorithm.lr": 0.03},
+        ("subset", "assignment=random", "fedfomo"): {},
     }
     for (scheme, reading, alg), applied in runs.items():
         over = [f"partition={scheme}", f"partition.dofed.{reading}", f"algorithm={alg}"]
