@@ -272,7 +272,7 @@ def test_a_resumed_run_pools_with_the_runs_it_ran_beside(tmp_path):
 def test_the_values_behind_default_are_listed_from_run_config(tmp_path):
     """A setting that overrides no lr reads `algorithm.lr=default`; the lines under the table
     give the lr its runs resolved (a tuned file's 0.04, not the preset's), and say nothing of
-    a key whose runs did not record it or recorded two values."""
+    a key whose runs did not record it."""
     for alg, over, lr in (("a", ["algorithm.lr=0.05"], 0.05), ("b", [], 0.04), ("c", [], None)):
         for seed in (0, 1):
             d = tmp_path / f"{alg}{seed}"
