@@ -35,6 +35,36 @@ def reference_setting(labels: list[str], tokens: list[str]) -> str:
     return hits[0]
 
 
+def paired_lines(
+    seeded: dict[str, list[tuple[int, float | None]]], ref_label: str, metric: str
+) -> list[str]:
+    """Markdown lines: every setting of ``seeded`` (label -> [(seed, value or None)]) against
+    ``ref_label``'s value of the same seed: the paired seeds, both means, the difference (mean
+    ± std over seeds; percentage points for a metric in [0, 1]) and in how many seeds it is
+    above the reference."""
+    ref = dict(seeded[ref_label])
+    pct = is_fraction([v for pairs in seeded.values() for _, v in pairs if v is not None])
+    unit = "points" if pct else "as logged"
+    header = ["setting", "paired seeds", metric, "reference", f"difference ({unit})", "above in"]
+    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, values in seeded.items():
+        if label == ref_label:
+            continue
+        pairs = [(v, ref.get(seed)) for seed, v in values]
+        pairs = [(v, w) for v, w in pairs if v is not None and w is not None]
+        if not pairs:
+            md.append(f"| {label} | 0 | – | – | – | – |")
+            continue
+        a, b = np.array(pairs).T
+        (mu, sd), (mu_a, _), (mu_b, _) = mean_std(a - b), mean_std(a), mean_std(b)
+        k, f = (100, ".2f") if pct else (1, ".6g")
+        md.append(
+            f"| {label} | {len(a)} | {k * mu_a:{f}} | {k * mu_b:{f}} | "
+            f"{k * mu:+{f}} ± {k * sd:{f}} | {int(np.sum(a > b))}/{len(a)} |"
+        )
+    return md
+
+
 def paired_table(
     root: Path,
     metric: str,
@@ -57,26 +87,7 @@ def paired_table(
 
     # Each run read once: setting -> [(seed, value at the cut or None)].
     seeded = {label: [(r["seed"], at_cut(r)) for r in runs] for label, runs in groups.items()}
-    ref = dict(seeded[ref_label])
-    pct = is_fraction([v for pairs in seeded.values() for _, v in pairs if v is not None])
-    unit = "points" if pct else "as logged"
-    header = ["setting", "paired seeds", metric, "reference", f"difference ({unit})", "above in"]
-    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for label, values in seeded.items():
-        if label == ref_label:
-            continue
-        pairs = [(v, ref.get(seed)) for seed, v in values]
-        pairs = [(v, w) for v, w in pairs if v is not None and w is not None]
-        if not pairs:
-            md.append(f"| {label} | 0 | – | – | – | – |")
-            continue
-        a, b = np.array(pairs).T
-        (mu, sd), (mu_a, _), (mu_b, _) = mean_std(a - b), mean_std(a), mean_std(b)
-        k, f = (100, ".2f") if pct else (1, ".6g")
-        md.append(
-            f"| {label} | {len(a)} | {k * mu_a:{f}} | {k * mu_b:{f}} | "
-            f"{k * mu:+{f}} ± {k * sd:{f}} | {int(np.sum(a > b))}/{len(a)} |"
-        )
+    md = paired_lines(seeded, ref_label, metric)
     text = f"Reference: {ref_label}\n\n" + "\n".join(md)
     (Path(root) / "report_paired.md").write_text(text + "\n")
     return text

@@ -239,23 +239,23 @@ def eval_rows(run_dir: Path) -> list[dict]:
     return [by_round[t] for t in sorted(by_round)]
 
 
-def cut_value(
-    run_dir: Path,
+def cut_rows(
+    rows: list[dict],
     metric: str,
     budget_time: float | None = None,
     budget_rounds: int | None = None,
     last_k: int | None = None,
+    where: str = "the rows",
 ) -> tuple[float, int] | None:
-    """A run's ``metric`` at an equal budget: the mean over its last ``last_k`` (default 1)
-    evaluations with ``sim_time <= budget_time`` and ``round <= budget_rounds`` (either cut
-    optional), read from metrics.jsonl. Returns (value, round of the last evaluation used), or
-    None when no evaluation of the metric falls within the budget."""
-    rows = [r for r in eval_rows(run_dir) if r.get(metric) is not None]
+    """One run's per-round rows (round order) -> ``metric`` at an equal budget: the mean over
+    its last ``last_k`` (default 1) evaluations with ``sim_time <= budget_time`` and
+    ``round <= budget_rounds`` (either cut optional). Returns (value, round of the last
+    evaluation used), or None when no evaluation of the metric falls within the budget."""
+    rows = [r for r in rows if r.get(metric) is not None]
     if budget_time is not None:
         if any(r.get("sim_time") is None for r in rows):
             raise ValueError(
-                f"run {str(run_dir)!r}: metrics.jsonl has evaluations without sim_time "
-                "(--budget-time needs the simulated clock)"
+                f"{where}: an evaluation without sim_time (--budget-time needs the simulated clock)"
             )
         rows = [r for r in rows if r["sim_time"] <= budget_time]
     if budget_rounds is not None:
@@ -264,6 +264,18 @@ def cut_value(
         return None
     last = rows[-(last_k or 1) :]
     return float(np.mean([float(r[metric]) for r in last])), int(last[-1]["round"])
+
+
+def cut_value(
+    run_dir: Path,
+    metric: str,
+    budget_time: float | None = None,
+    budget_rounds: int | None = None,
+    last_k: int | None = None,
+) -> tuple[float, int] | None:
+    """`cut_rows` on a run directory's metrics.jsonl."""
+    where = f"run {str(run_dir)!r}'s metrics.jsonl"
+    return cut_rows(eval_rows(run_dir), metric, budget_time, budget_rounds, last_k, where)
 
 
 def run_value(

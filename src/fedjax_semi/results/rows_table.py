@@ -1,0 +1,144 @@
+"""Tables from exported per-round rows (the `docs/results/*.jsonl` files that
+`fedjax-semi-report --rows` writes: one JSON object per round with `setting` and `seed`), for
+tables whose run directories are gone and for tables that join runs made at different times:
+
+    python -m fedjax_semi.results.rows_table docs/results/um_pfssl_table1_record_alpha05_cpu.jsonl \
+        NEW_ROWS.jsonl --metrics personal_acc,comm_cost --setting algorithm=um_pfssl_record \
+        --setting algorithm.refresh_period=5 --paired-to algorithm=um_pfssl_record
+
+Each setting's value per seed is cut as fedjax-semi-report cuts a run directory (`cut_rows`):
+its final evaluation of each metric, or the mean of its last `--last-k` evaluations within
+`--budget-time` simulated seconds / `--budget-rounds` rounds. Prints the mean ± std table, the
+first metric per seed, and with `--paired-to` the differences seed by seed (`paired_lines`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from fedjax_semi.results.paired import paired_lines
+from fedjax_semi.results.report import _check_cut, cut_rows, fmt_mean_std, is_fraction, mean_std
+
+Runs = dict[str, dict[int, list[dict]]]  # setting -> seed -> rows in round order
+
+
+def load_runs(files: list[Path]) -> Runs:
+    """The rows of every file, grouped by setting and seed (a round logged twice within one
+    file: the later row wins, as for a resumed run). A (setting, seed) present in two files
+    is an error: the table would not know which run it reads."""
+    runs: Runs = defaultdict(dict)
+    origin: dict[tuple[str, int], Path] = {}
+    for f in files:
+        by_run: dict[tuple[str, int], dict[int, dict]] = defaultdict(dict)
+        for n, line in enumerate(Path(f).read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if "setting" not in row or "round" not in row:
+                raise ValueError(f"{f}:{n}: a row without `setting` or `round` (not an export)")
+            by_run[str(row["setting"]), int(row.get("seed", 0))][int(row["round"])] = row
+        for key, rounds in by_run.items():
+            if key in origin:
+                raise ValueError(
+                    f"setting {key[0]!r} seed {key[1]} is in both {origin[key]} and {f}: "
+                    "each run may come from one file only"
+                )
+            origin[key] = Path(f)
+            runs[key[0]][key[1]] = [rounds[t] for t in sorted(rounds)]
+    return runs
+
+
+def rows_table(
+    runs: Runs,
+    metrics: list[str],
+    settings: list[str] | None = None,
+    paired_to: str | None = None,
+    budget_time: float | None = None,
+    budget_rounds: int | None = None,
+    last_k: int | None = None,
+) -> str:
+    """Markdown: per setting (``settings`` in that order, default all), the seeds and each
+    metric's mean ± std over seeds at the cut; the first metric per seed; with ``paired_to``
+    (a setting label) every other setting minus it, seed by seed."""
+    _check_cut(budget_time, budget_rounds, last_k)
+    labels = list(settings or runs)
+    for label in labels + ([paired_to] if paired_to else []):
+        if label not in runs:
+            raise ValueError(
+                f"setting {label!r} is not allowed: the rows hold {' | '.join(sorted(runs))}"
+            )
+    if paired_to and paired_to not in labels:
+        labels.append(paired_to)
+
+    def at_cut(rows: list[dict], m: str) -> float | None:
+        got = cut_rows(rows, m, budget_time, budget_rounds, last_k, where=f"the rows of {m!r}")
+        return None if got is None else got[0]
+
+    values = {
+        (label, m): {s: at_cut(rows, m) for s, rows in sorted(runs[label].items())}
+        for label in labels
+        for m in metrics
+    }
+    pct = {
+        m: is_fraction([v for lab in labels for v in values[lab, m].values() if v is not None])
+        for m in metrics
+    }
+    cuts = [f"last {last_k} evals"] if last_k else []
+    cuts += [f"sim_time ≤ {budget_time:g} s"] if budget_time is not None else []
+    cuts += [f"round ≤ {budget_rounds}"] if budget_rounds is not None else []
+    tag = f", {', '.join(cuts)}" if cuts else ""
+    header = ["setting", "seeds"] + [
+        f"{m} (mean ± std{tag}{'' if pct[m] else ', as logged'})" for m in metrics
+    ]
+    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label in labels:
+        cells = [label, str(len(runs[label]))]
+        for m in metrics:
+            got = [v for v in values[label, m].values() if v is not None]
+            n = "" if len(got) == len(runs[label]) else f" (n={len(got)})"
+            cells.append(f"{fmt_mean_std(*mean_std(got), pct[m])}{n}" if got else "–")
+        md.append("| " + " | ".join(cells) + " |")
+    first = metrics[0]
+    md += ["", f"{first} per seed:"]
+    for label in labels:
+        per_seed = ", ".join(
+            "–" if v is None else f"{100 * v:.2f}" if pct[first] else f"{v:.6g}"
+            for v in values[label, first].values()
+        )
+        md.append(f"* {label}: {per_seed}")
+    if paired_to:
+        seeded = {label: list(values[label, first].items()) for label in labels}
+        md += ["", f"Reference: {paired_to}", ""] + paired_lines(seeded, paired_to, first)
+    return "\n".join(md)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fedjax_semi.results.rows_table")
+    p.add_argument("files", nargs="+", type=Path)
+    p.add_argument("--metrics", default="accuracy", help="comma-separated metrics")
+    p.add_argument("--setting", action="append", help="a setting label to tabulate (repeat)")
+    p.add_argument("--paired-to", default=None, help="the reference setting's label")
+    p.add_argument("--budget-time", type=float, default=None)
+    p.add_argument("--budget-rounds", type=int, default=None)
+    p.add_argument("--last-k", type=int, default=None)
+    a = p.parse_args(argv)
+    metrics = [m for m in a.metrics.split(",") if m]
+    if not metrics:
+        p.error(f"--metrics={a.metrics!r} is not allowed: name at least one metric")
+    try:
+        runs = load_runs(a.files)
+        text = rows_table(
+            runs, metrics, a.setting, a.paired_to, a.budget_time, a.budget_rounds, a.last_k
+        )
+    except (OSError, ValueError) as e:
+        p.error(str(e))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
