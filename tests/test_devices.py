@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from fedjax_semi.results.rundir import CPU_ISA, environment, host_cpu
+
 SCRIPT = textwrap.dedent(
     """
     import json, re, sys
@@ -98,3 +100,18 @@ def test_the_run_record_names_the_cpus_the_process_may_use():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     affinity, count = map(int, out.stdout.split())
     assert affinity == 1 and count == os.cpu_count()
+
+
+def test_the_run_record_names_the_host_cpu():
+    """The model name and the vector extensions XLA:CPU compiles for, read from /proc/cpuinfo:
+    the float digits of a run are the same only on the same CPU."""
+    info = (
+        "processor\t: 0\nmodel name\t: Example CPU 9000\nflags\t\t: fpu sse4_2 avx avx2 fma\n\n"
+        "processor\t: 1\nmodel name\t: Example CPU 9000\nflags\t\t: fpu sse4_2 avx avx2 fma\n"
+    )
+    want = {"cpu_model": "Example CPU 9000", "cpu_isa": ["sse4_2", "avx", "avx2", "fma"]}
+    assert host_cpu(info) == want
+    assert host_cpu("") == {"cpu_model": None, "cpu_isa": []}
+    env = environment()
+    if os.path.exists("/proc/cpuinfo"):
+        assert env["cpu_model"] and set(env["cpu_isa"]) <= set(CPU_ISA)

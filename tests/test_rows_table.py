@@ -7,11 +7,11 @@ import json
 
 import numpy as np
 import pytest
-from test_report import _run
 
 from fedjax_semi.cli import report_main
 from fedjax_semi.results.report import report
 from fedjax_semi.results.rows_table import load_runs, main, rows_table
+from test_report import _run
 
 
 @pytest.fixture

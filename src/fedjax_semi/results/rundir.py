@@ -210,6 +210,33 @@ def cpu_affinity() -> int | None:
         return None
 
 
+# The vector extensions XLA:CPU compiles for, where they differ between x86 hosts.
+CPU_ISA = ("sse4_2", "avx", "avx2", "fma", "f16c",
+           "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile")  # fmt: skip
+
+
+def host_cpu(cpuinfo: str | None = None) -> dict:
+    """The host CPU's model name and which of `CPU_ISA` it has (Linux, /proc/cpuinfo; empty
+    elsewhere). XLA:CPU compiles for the host's extensions, so the float order of a run, and
+    with it every digit after a few rounds, can differ between CPUs: a committed row is
+    repeated to the digit only on the CPU its run names (docs/results/ledger.md)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return {}
+    fields = dict(
+        (k.strip(), v.strip())
+        for k, _, v in (line.partition(":") for line in cpuinfo.splitlines())
+        if k.strip() in ("model name", "flags") and v
+    )
+    flags = set(fields.get("flags", "").split())
+    return {
+        "cpu_model": fields.get("model name"),
+        "cpu_isa": [f for f in CPU_ISA if f in flags],
+    }
+
+
 def environment() -> dict:
     """Device and versions, recorded with every result."""
     import flax
@@ -225,6 +252,7 @@ def environment() -> dict:
         # XLA:CPU sizes its thread pool by the CPUs this process may use, and the float order
         # of some ops follows it: a rerun is bit-identical only at the same count.
         "cpu_affinity": cpu_affinity(),
+        **host_cpu(),
         "python": platform.python_version(),
         "jax": jax.__version__,
         "flax": flax.__version__,
