@@ -14,6 +14,9 @@ the preset carries (its `paper:` rows) beside ours.
     fedjax-semi-ada-table hetero DIR --targets T1,T2 [--time-budget MIN]
         Figs. 16-17: HeteroAda-FedSemi against Ada-FedSemi, the mean round time, the waiting
         ratio, the minutes to each target and the paired speed-up (results/ada_hetero.py).
+    fedjax-semi-ada-table teacher DIR [--time-budget MIN]
+        Fig. 15: the teacher's test accuracy against the global model's, final, step to step
+        and largest drop (results/ada_teacher.py).
 
 Each seed's run directory (a seed_<s>/ of replicas, or a run) is read as `fedjax-semi-report`
 finds and groups it (`report.grouped_runs`: the seeds of one setting together). Its rows come
@@ -55,6 +58,7 @@ from fedjax_semi.results.ada_runs import (
     method_names,
     run_stats,
 )
+from fedjax_semi.results.ada_teacher import teacher
 from fedjax_semi.results.report import _paper_value
 from fedjax_semi.systems.ada_cost import best_cell, run_cost
 
@@ -366,10 +370,10 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         prog="fedjax-semi-ada-table",
         description="Ada-FedSemi's tables: the (P, C) grid (Tables 1-6), the weighted-cost "
-        "comparison (Figs. 6-8, Table 7) or HeteroAda against Ada (Figs. 16-17), with the "
-        "paper's numbers beside ours.",
+        "comparison (Figs. 6-8, Table 7), HeteroAda against Ada (Figs. 16-17) or the teacher "
+        "against the global model (Fig. 15), with the paper's numbers beside ours.",
     )
-    ap.add_argument("table", choices=("grid", "cost", "hetero"))
+    ap.add_argument("table", choices=("grid", "cost", "hetero", "teacher"))
     ap.add_argument("sweep_dir", type=Path, help="a multirun directory (or any folder of runs)")
     ap.add_argument("--target", type=float, default=None, help="grid: test accuracy (%%)")
     ap.add_argument("--targets", default=None, help="cost, hetero: accuracies (%%), e.g. 75,80")
@@ -381,6 +385,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.table == "grid":
             text = grid(args.sweep_dir, args.target, args.time_budget, args.traffic_budget)
+        elif args.table == "teacher":
+            text = teacher(args.sweep_dir, args.time_budget)
         elif args.table == "hetero":
             text = hetero(args.sweep_dir, _floats("--targets", args.targets), args.time_budget)
         else:
