@@ -102,3 +102,21 @@ def test_bad_input_gets_one_line(sweep, capsys):
     assert main([str(rows), "--metrics", "personal_acc", "--setting", "algorithm=a"]) == 0
     out = capsys.readouterr().out
     assert "| algorithm=a | 3 |" in out and "algorithm=ref" not in out
+
+
+def test_paired_to_takes_the_reports_tokens(tmp_path):
+    """--paired-to names key=value tokens that one setting holds, as fedjax-semi-report's does."""
+    rows = [
+        {"setting": f"a=1 b={b}", "seed": s, "round": 1, "accuracy": 0.5 + 0.1 * b + 0.01 * s}
+        for b in (2, 3)
+        for s in range(2)
+    ]
+    f = tmp_path / "rows.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    text = rows_table(load_runs([f]), ["accuracy"], paired_to="b=3")
+    assert (
+        "Reference: a=1 b=3" in text
+        and "| a=1 b=2 | 2 | 70.50 | 80.50 | -10.00 ± 0.00 | 0/2 |" in text
+    )
+    with pytest.raises(ValueError, match="exactly one setting"):
+        rows_table(load_runs([f]), ["accuracy"], paired_to="a=1")

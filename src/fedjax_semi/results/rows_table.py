@@ -20,7 +20,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from fedjax_semi.results.paired import paired_lines
+from fedjax_semi.results.paired import paired_lines, reference_setting
 from fedjax_semi.results.report import _check_cut, cut_rows, fmt_mean_std, is_fraction, mean_std
 
 Runs = dict[str, dict[int, list[dict]]]  # setting -> seed -> rows in round order
@@ -63,16 +63,18 @@ def rows_table(
 ) -> str:
     """Markdown: per setting (``settings`` in that order, default all), the seeds and each
     metric's mean ± std over seeds at the cut; the first metric per seed; with ``paired_to``
-    (a setting label) every other setting minus it, seed by seed."""
+    (``key=value`` tokens that one setting holds, as for fedjax-semi-report) every other
+    setting minus it, seed by seed."""
     _check_cut(budget_time, budget_rounds, last_k)
     labels = list(settings or runs)
-    for label in labels + ([paired_to] if paired_to else []):
+    for label in labels:
         if label not in runs:
             raise ValueError(
                 f"setting {label!r} is not allowed: the rows hold {' | '.join(sorted(runs))}"
             )
-    if paired_to and paired_to not in labels:
-        labels.append(paired_to)
+    if paired_to:  # key=value tokens, as fedjax-semi-report --paired-to reads them
+        paired_to = reference_setting(list(runs), paired_to.split())
+        labels += [] if paired_to in labels else [paired_to]
 
     def at_cut(rows: list[dict], m: str) -> float | None:
         got = cut_rows(rows, m, budget_time, budget_rounds, last_k, where=f"the rows of {m!r}")
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--metrics", default="accuracy", help="comma-separated metrics")
     p.add_argument("--setting", action="append", help="a setting label to tabulate (repeat)")
-    p.add_argument("--paired-to", default=None, help="the reference setting's label")
+    p.add_argument("--paired-to", default=None, help="KEY=VALUE tokens of the reference setting")
     p.add_argument("--budget-time", type=float, default=None)
     p.add_argument("--budget-rounds", type=int, default=None)
     p.add_argument("--last-k", type=int, default=None)
