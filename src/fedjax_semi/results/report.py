@@ -222,6 +222,29 @@ def _check_cut(
             raise bad(flag, v, f"an integer >= {lo}")
 
 
+def cut_tag(
+    budget_time: float | None,
+    budget_rounds: int | None,
+    last_k: int | None,
+    fa_rule: tuple[float, int, int] | None = None,
+) -> str:
+    """The cut as the table headers name it (", last 3 evals, sim_time ≤ 100 s"; "" for none)."""
+    what = []
+    if last_k is not None:
+        what.append(f"last {last_k} evals")
+    if budget_time is not None:
+        what.append(f"sim_time ≤ {budget_time:g} s")
+    if budget_rounds is not None:
+        what.append(f"round ≤ {budget_rounds}")
+    if fa_rule is not None:
+        what.append(f"FA rule ({fa_rule[0]:g}, {int(fa_rule[1]):d}, {int(fa_rule[2]):d})")
+    return f", {', '.join(what)}" if what else ""
+
+
+def metric_header(metric: str, tag: str, percent: bool) -> str:
+    return f"{metric} (mean ± std{tag}{'' if percent else ', as logged'})"
+
+
 def eval_rows(run_dir: Path) -> list[dict]:
     """The rows of a run's metrics.jsonl, one per round (a resumed run's later row wins),
     in round order."""
@@ -370,19 +393,8 @@ def report(
         if any(_paper_value(r["config"].get("paper"), r["config"], m) is not None for r in runs)
     ]
     pct = {m: is_fraction([values[id(r), m][0] for r in runs if values[id(r), m]]) for m in metrics}
-    what = []
-    if last_k is not None:
-        what.append(f"last {last_k} evals")
-    if budget_time is not None:
-        what.append(f"sim_time ≤ {budget_time:g} s")
-    if budget_rounds is not None:
-        what.append(f"round ≤ {budget_rounds}")
-    if fa_rule is not None:
-        what.append(f"FA rule ({fa_rule[0]:g}, {int(fa_rule[1]):d}, {int(fa_rule[2]):d})")
-    tag = f", {', '.join(what)}" if what else ""
-    header = ["setting", "seeds"] + [
-        f"{m} (mean ± std{tag}{'' if pct[m] else ', as logged'})" for m in metrics
-    ]
+    tag = cut_tag(budget_time, budget_rounds, last_k, fa_rule)
+    header = ["setting", "seeds"] + [metric_header(m, tag, pct[m]) for m in metrics]
     if cut and metrics:
         header.append("round at cut (mean)")
     header += [f"paper {m}" for m in paper_metrics]

@@ -21,7 +21,15 @@ from collections import defaultdict
 from pathlib import Path
 
 from fedjax_semi.results.paired import paired_lines, reference_setting
-from fedjax_semi.results.report import _check_cut, cut_rows, fmt_mean_std, is_fraction, mean_std
+from fedjax_semi.results.report import (
+    _check_cut,
+    cut_rows,
+    cut_tag,
+    fmt_mean_std,
+    is_fraction,
+    mean_std,
+    metric_header,
+)
 
 Runs = dict[str, dict[int, list[dict]]]  # setting -> seed -> rows in round order
 
@@ -89,13 +97,8 @@ def rows_table(
         m: is_fraction([v for lab in labels for v in values[lab, m].values() if v is not None])
         for m in metrics
     }
-    cuts = [f"last {last_k} evals"] if last_k else []
-    cuts += [f"sim_time ≤ {budget_time:g} s"] if budget_time is not None else []
-    cuts += [f"round ≤ {budget_rounds}"] if budget_rounds is not None else []
-    tag = f", {', '.join(cuts)}" if cuts else ""
-    header = ["setting", "seeds"] + [
-        f"{m} (mean ± std{tag}{'' if pct[m] else ', as logged'})" for m in metrics
-    ]
+    tag = cut_tag(budget_time, budget_rounds, last_k)
+    header = ["setting", "seeds"] + [metric_header(m, tag, pct[m]) for m in metrics]
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for label in labels:
         cells = [label, str(len(runs[label]))]
