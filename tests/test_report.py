@@ -240,6 +240,26 @@ def test_counts_print_as_logged_and_default_tokens_are_vacuous_where_a_key_never
         paired_table(tmp_path, "comm_cost", ["algorithm=ref", "algorithm.corr_form=complement"])
 
 
+def test_a_loss_below_one_prints_as_logged_not_in_percent(tmp_path):
+    """A training loss of 0.25 is not a share: the table and the paired differences print it as
+    logged, while an accuracy in [0, 1] beside it stays in percent."""
+    from fedjax_semi.results.paired import paired_table
+
+    for alg, loss in (("ref", 0.25), ("a", 0.5)):
+        for seed in (0, 1):
+            _run(
+                tmp_path / f"{alg}{seed}",
+                [f"algorithm={alg}", f"seed={seed}"],
+                lambda t: 0.5,
+                final={"personal_acc": 0.5, "train_loss": loss},
+            )
+    text = report(tmp_path, ["train_loss", "personal_acc"])
+    assert "train_loss (mean ± std, as logged)" in text and "0.25 ± 0" in text
+    assert "50.00 ± 0.00" in text
+    paired = paired_table(tmp_path, "train_loss", ["algorithm=ref"])
+    assert "difference (as logged)" in paired and "| +0.25 ± 0 | 2/2 |" in paired
+
+
 def test_runs_with_the_same_overrides_but_other_settings_are_not_pooled(tmp_path):
     """Two sweeps of `algorithm=ada` whose tuned file changed between them (run_config.json
     says psi 30 in one, psi 10 and beta 0.3 in the other) are two rows, labelled by the keys

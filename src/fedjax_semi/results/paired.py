@@ -43,7 +43,7 @@ def paired_lines(
     ± std over seeds; percentage points for a metric in [0, 1]) and in how many seeds it is
     above the reference."""
     ref = dict(seeded[ref_label])
-    pct = is_fraction([v for pairs in seeded.values() for _, v in pairs if v is not None])
+    pct = is_fraction([v for pairs in seeded.values() for _, v in pairs if v is not None], metric)
     unit = "points" if pct else "as logged"
     header = ["setting", "paired seeds", metric, "reference", f"difference ({unit})", "above in"]
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -184,10 +184,11 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
 
 
-def is_fraction(values: list[float]) -> bool:
+def is_fraction(values: list[float], metric: str = "") -> bool:
     """Whether a metric's values are all in [0, 1] (accuracies, rates): the tables print those
-    in percent and anything else (counts, costs, Corr) as logged."""
-    return all(0.0 <= v <= 1.0 for v in values)
+    in percent and anything else (counts, costs, Corr) as logged. A loss (a name holding
+    "loss") is printed as logged even where every value is below 1: it is not a share."""
+    return "loss" not in metric and all(0.0 <= v <= 1.0 for v in values)
 
 
 def fmt_mean_std(mu: float, sd: float, percent: bool) -> str:
@@ -392,7 +393,9 @@ def report(
         for m in metrics
         if any(_paper_value(r["config"].get("paper"), r["config"], m) is not None for r in runs)
     ]
-    pct = {m: is_fraction([values[id(r), m][0] for r in runs if values[id(r), m]]) for m in metrics}
+    pct = {
+        m: is_fraction([values[id(r), m][0] for r in runs if values[id(r), m]], m) for m in metrics
+    }
     tag = cut_tag(budget_time, budget_rounds, last_k, fa_rule)
     header = ["setting", "seeds"] + [metric_header(m, tag, pct[m]) for m in metrics]
     if cut and metrics:

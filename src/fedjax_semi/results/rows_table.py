@@ -94,7 +94,7 @@ def rows_table(
         for m in metrics
     }
     pct = {
-        m: is_fraction([v for lab in labels for v in values[lab, m].values() if v is not None])
+        m: is_fraction([v for lab in labels for v in values[lab, m].values() if v is not None], m)
         for m in metrics
     }
     tag = cut_tag(budget_time, budget_rounds, last_k)
