@@ -238,6 +238,7 @@ def report_main(argv: list[str] | None = None) -> None:
     import argparse
 
     from fedjax_semi.results.bins import labeled_ratio_table, participation_table
+    from fedjax_semi.results.curves import X_AXES, plot
     from fedjax_semi.results.gates import add_gate_flags, gates_from_args
     from fedjax_semi.results.paired import paired_table
     from fedjax_semi.results.report import export_rows, report
@@ -318,6 +319,14 @@ def report_main(argv: list[str] | None = None) -> None:
         help="also tabulate every setting minus the one holding these space-separated key=value "
         "tokens, seed by seed, on the first metric at the same cut (DIR/report_paired.md)",
     )
+    ap.add_argument(
+        "--plot",
+        metavar="METRICS",
+        default=None,
+        help="also write DIR/curves.png and DIR/curves.csv: these comma-separated metrics against "
+        "--plot-x, one curve per setting (mean over seeds, shaded +- std)",
+    )
+    ap.add_argument("--plot-x", choices=list(X_AXES), default="round", help="the curves' x axis")
     add_gate_flags(ap)
     args = ap.parse_args(argv)
     try:  # checked before any work, one line per bad value
@@ -345,6 +354,9 @@ def report_main(argv: list[str] | None = None) -> None:
             args.by_participations,
             "increasing integers >= 0, e.g. 0,1,2,3,6",
         )
+        plotted = ()
+        if args.plot is not None:
+            plotted = plot(args.sweep_dir, args.plot.split(","), args.plot_x)
         md = report(
             args.sweep_dir,
             args.metrics.split(","),
@@ -380,6 +392,7 @@ def report_main(argv: list[str] | None = None) -> None:
     print(md)
     if args.ttap:
         print("\n".join(f"wrote {p}" for p in paths))
+    print("\n".join(f"wrote {p}" for p in plotted))
 
 
 if __name__ == "__main__":

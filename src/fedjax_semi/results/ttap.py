@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedjax_semi.results.curves import step_values
 from fedjax_semi.results.report import _get, find_runs
 
 TTAP_FIELDS = ("method", "dataset", "partition", "seed", "round", "clock", "cls_acc", "lab_acc")
@@ -74,13 +75,7 @@ def ttap(root: Path, out_dir: Path | None = None) -> tuple[Path, Path]:
             for r in mine:
                 if r["method"] == method:
                     curves[r["seed"]].append((r["clock"], r["cls_acc"]))
-            grid = np.unique([c for pts in curves.values() for c, _ in pts])
-            acc = []
-            for pts in curves.values():
-                pts.sort()
-                clock, value = np.array(pts).T
-                pos = np.searchsorted(clock, grid, side="right") - 1  # last value reached
-                acc.append(np.where(pos >= 0, value[np.maximum(pos, 0)], np.nan))
+            grid, acc = step_values(list(curves.values()))  # last value reached
             mean, std = np.nanmean(acc, axis=0), np.nanstd(acc, axis=0)
             line = ax.plot(grid, mean, drawstyle="steps-post", label=f"{method} ({len(acc)} seeds)")
             if len(acc) > 1:  # shaded: mean ± std over seeds
