@@ -242,7 +242,11 @@ def test_counts_print_as_logged_and_default_tokens_are_vacuous_where_a_key_never
 
 def test_a_loss_below_one_prints_as_logged_not_in_percent(tmp_path):
     """A training loss of 0.25 is not a share: the table and the paired differences print it as
-    logged, while an accuracy in [0, 1] beside it stays in percent."""
+    logged, while an accuracy in [0, 1] beside it stays in percent; so is a learning rate."""
+    from fedjax_semi.results.report import is_fraction
+
+    assert not is_fraction([0.03], "lr") and not is_fraction([0.2], "global_loss")
+    assert is_fraction([0.2], "pl_acc") and is_fraction([0.2], "slr_acc")  # "slr" is not "lr"
     from fedjax_semi.results.paired import paired_table
 
     for alg, loss in (("ref", 0.25), ("a", 0.5)):

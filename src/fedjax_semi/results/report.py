@@ -184,11 +184,16 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
 
 
+NOT_SHARES = frozenset({"loss", "lr"})  # name parts of metrics in [0, 1] that are not shares
+
+
 def is_fraction(values: list[float], metric: str = "") -> bool:
     """Whether a metric's values are all in [0, 1] (accuracies, rates): the tables print those
-    in percent and anything else (counts, costs, Corr) as logged. A loss (a name holding
-    "loss") is printed as logged even where every value is below 1: it is not a share."""
-    return "loss" not in metric and all(0.0 <= v <= 1.0 for v in values)
+    in percent and anything else (counts, costs, Corr) as logged. A loss or a learning rate (a
+    name with a `_`-separated part in NOT_SHARES) is printed as logged even below 1."""
+    if NOT_SHARES & set(metric.split("_")):
+        return False
+    return all(0.0 <= v <= 1.0 for v in values)
 
 
 def fmt_mean_std(mu: float, sd: float, percent: bool) -> str:
