@@ -19,7 +19,15 @@ from fedjax_semi.store import as_config
 PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("name", PRESETS)
+# The two presets sweeping every UM-pFSSL row compose one config per row (the slowest here):
+# make test-slow; the fast suite composes them in test_tuned_apply.py (every row of the record)
+# and test_table1_carries_every_paper_number.
+SLOW_PRESETS = ("um_pfssl_table1", "um_pfssl_table1_record")
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_PRESETS else n for n in PRESETS]
+)
 def test_preset_composes_and_validates(name):
     node = compose_hydra(f"+experiment={name}", small=False)
     validate(as_config(node))

@@ -62,6 +62,9 @@ def test_chunk_auto_times_each_candidate_and_keeps_the_fastest(tmp_path):
     assert len(auto_rows) == 3  # the timed rounds are thrown away, not counted
 
 
+# make test-slow (the fast suite must stay under 12 minutes): there, a run equal to its seed's
+# run alone (test_replicas.py, test_vectorized.py) already needs the same seed to repeat.
+@pytest.mark.slow
 def test_same_seed_same_metrics(tmp_path):
     for d in ("a", "b"):
         experiment.run(experiment.build(compose_config("algorithm=fedavg_pl")), tmp_path / d)
