@@ -392,7 +392,8 @@ def report_main(argv: list[str] | None = None) -> None:
     print(md)
     if args.ttap:
         print("\n".join(f"wrote {p}" for p in paths))
-    print("\n".join(f"wrote {p}" for p in plotted))
+    for path in plotted:  # nothing, not an empty line, without --plot
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":
