@@ -82,9 +82,9 @@ def pytest_collection_modifyitems(config, items) -> None:
     """The kernels' NumPy-reference properties run jitted in the fast suite and op by op too in
     make test-slow (chex's `without_jit` variant): op by op, each Hypothesis example of a new
     shape dispatches and compiles every primitive anew, about 60 CPU-seconds of the fast suite
-    for a second path through the same kernels."""
+    for a second path through the same kernels; the fixed-example ones about 25 more."""
     for item in items:
-        if item.name.endswith("__without_jit") and getattr(item.obj, "hypothesis", None):
+        if item.name.endswith("__without_jit"):
             item.add_marker(pytest.mark.slow)
 
 

@@ -42,13 +42,14 @@ def rows_of(runner: Runner, rounds: int) -> tuple[list[dict], object]:
     return out, state
 
 
-# Each case compiles its rounds three times (replicas, replicas looped or each seed alone): the
-# replica axis is one mechanism over any method, so the fast suite checks it on FedAvg-PL (the
-# thresholded pseudo-label branch draws on the key, and the looped replicas agree too), and make
-# test-slow adds UM-pFSSL (its round flags) and DoFed-SPP (a warm-up, the clock).
-@pytest.mark.parametrize(
-    "name", [n if n == "fedavg_pl" else pytest.param(n, marks=pytest.mark.slow) for n in CASES]
-)
+# Each case compiles its rounds three times (replicas, replicas looped or each seed alone), on
+# FedAvg-PL (the thresholded pseudo-label branch draws on the key), UM-pFSSL (its round flags)
+# and DoFed-SPP (a warm-up, the clock): make test-slow (the fast suite must stay under 12
+# minutes). The fast suite checks replicas against each seed run alone in test_devices.py
+# (seeds 0, 1 alone on one device, as replicas on four) and test_vectorized.py (two lrs in one
+# program against each alone).
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CASES)
 def test_replica_r_is_the_run_of_seed_r_alone(name):
     exp = experiment.build(compose_config(*CASES[name]))
     stacked, stacked_state = rows_of(exp.runner(seeds=SEEDS, replica_chunk="all"), 3)

@@ -102,6 +102,9 @@ def test_a_group_out_of_memory_names_its_size_and_the_setting(tmp_path, monkeypa
         vectorized.run_group(group, tmp_path)
 
 
+# make test-slow (the fast suite must stay under 12 minutes): the fast suite checks the NaN guard
+# in test_simulate.py and a diverged job of a multirun in test_tuned_apply.py.
+@pytest.mark.slow
 def test_a_diverging_job_stops_alone_and_the_others_run_on(tmp_path, capsys):
     """lr 1e12 diverges; the job beside it in the same program runs every round, with the
     numbers of its job run alone. (A NaN used to end the whole group, every job's summary
