@@ -25,25 +25,50 @@ PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 SLOW_PRESETS = ("um_pfssl_table1", "um_pfssl_table1_record")
 
 
+def swept(name: str) -> list[tuple[str, str]]:
+    """(key, value) of every value the preset's Hydra sweep sets (Optuna's search spaces, e.g.
+    tag(log, interval(0.005, 0.2)): their bounds)."""
+    raw = yaml.safe_load(Path(CONF_DIR / "experiment" / f"{name}.yaml").read_text())
+    out = []
+    for key, values in (raw.get("hydra", {}).get("sweeper", {}).get("params", {}) or {}).items():
+        inner = re.findall(r"\(([^()]*)\)", str(values))
+        out += [(key, v.strip()) for v in (inner[-1] if inner else str(values)).split(",")]
+    return out
+
+
+def is_group(key: str) -> bool:
+    """Whether a swept key is a config group (a directory of conf/), composed anew per value."""
+    return (CONF_DIR / key).is_dir()
+
+
 @pytest.mark.parametrize(
     "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_PRESETS else n for n in PRESETS]
 )
 def test_preset_composes_and_validates(name):
+    """The preset, and every swept value (seed too) set on the composed node as Hydra's override
+    sets it; a swept config group is composed again in the test below."""
     node = compose_hydra(f"+experiment={name}", small=False)
     validate(as_config(node))
-    raw = yaml.safe_load(Path(CONF_DIR / "experiment" / f"{name}.yaml").read_text())
-    for key, values in (raw.get("hydra", {}).get("sweeper", {}).get("params", {}) or {}).items():
-        # Optuna's search spaces, e.g. tag(log, interval(0.005, 0.2)): their bounds.
-        inner = re.findall(r"\(([^()]*)\)", str(values))
-        for v in (inner[-1] if inner else str(values)).split(","):
-            # every swept value validates too: a config group is composed again, a value (seed
-            # too) is set on the composed node (what Hydra's override does, without recomposing)
-            if "." not in key and OmegaConf.is_config(node.get(key)):  # a config group
-                validate(compose_config(f"+experiment={name}", f"{key}={v.strip()}", small=False))
-                continue
-            swept = copy.deepcopy(node)
-            OmegaConf.update(swept, key, yaml.safe_load(v.strip()), merge=False)
-            validate(as_config(swept))
+    for key, v in swept(name):
+        if is_group(key):
+            continue
+        swept_node = copy.deepcopy(node)
+        OmegaConf.update(swept_node, key, yaml.safe_load(v), merge=False)
+        validate(as_config(swept_node))
+
+
+# A compose costs about 0.5 s, and the table presets sweep a group over every row (about 40 s of
+# the fast suite in all): make test-slow. The fast suite composes the rows of the presets of
+# record with their tuned values (test_tuned_apply.py) and the sweeps' values above.
+GROUP_SWEEPS = [n for n in PRESETS if any(is_group(k) for k, _ in swept(n))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", GROUP_SWEEPS)
+def test_every_swept_config_group_value_composes(name):
+    for key, v in swept(name):
+        if is_group(key):
+            validate(compose_config(f"+experiment={name}", f"{key}={v}", small=False))
 
 
 def test_table1_carries_every_paper_number():
