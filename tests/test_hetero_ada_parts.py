@@ -283,17 +283,21 @@ def test_kmeans_restarts_and_min_rel_gap():
     """kmeans_restarts keeps the lowest within-cluster SSE over the draws (here: the better
     optimum of the fixed example); min_rel_gap merges near-identical clients into the deeper
     depth (off by default: every depth is used whenever n > L)."""
+    # Jitted as in the round (op by op, each of the 20 draws dispatched every primitive anew).
+    assign = jax.jit(
+        depths.assign_depths, static_argnums=3, static_argnames=("restarts", "min_rel_gap")
+    )
     t = jnp.asarray([10.0, 11, 12, 50, 52, 100])
     sel = jnp.ones(6, bool)
     sse = lambda d: sum(float(np.var(np.asarray(t)[np.asarray(d) == b]) * np.sum(d == b))
                         for b in range(1, L + 1) if np.any(np.asarray(d) == b))  # fmt: skip
-    best = min(sse(depths.assign_depths(jax.random.key(s), t, sel, L)) for s in range(20))
-    many = depths.assign_depths(jax.random.key(0), t, sel, L, restarts=20)
+    best = min(sse(assign(jax.random.key(s), t, sel, L)) for s in range(20))
+    many = assign(jax.random.key(0), t, sel, L, restarts=20)
     assert sse(many) == pytest.approx(best)
     close = jnp.asarray([20.0, 20.1, 20.2, 20.3, 20.4])
     five = jnp.ones(5, bool)
-    assert set(depths.assign_depths(jax.random.key(0), close, five, L).tolist()) == {1, 2, 3}
-    merged = depths.assign_depths(jax.random.key(0), close, five, L, min_rel_gap=0.05)
+    assert set(assign(jax.random.key(0), close, five, L).tolist()) == {1, 2, 3}
+    merged = assign(jax.random.key(0), close, five, L, min_rel_gap=0.05)
     assert merged.tolist() == [3] * 5
 
 
