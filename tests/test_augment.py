@@ -60,6 +60,8 @@ def test_cutout_greys_a_square():
 
 def test_batch_uses_one_key_per_sample():
     x = jnp.stack([image(0)] * 4)
-    out = augment.augment_batch(augment.strong, x.astype(jnp.uint8), jax.random.PRNGKey(0))
+    # Jitted, as in training (op by op the vmapped switch runs every op's primitives one by one).
+    batch = jax.jit(augment.augment_batch, static_argnums=0)
+    out = batch(augment.strong, x.astype(jnp.uint8), jax.random.PRNGKey(0))
     assert out.shape == x.shape
     assert len({np.asarray(o).tobytes() for o in out}) > 1
