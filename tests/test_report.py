@@ -308,3 +308,25 @@ def test_the_values_behind_default_are_listed_from_run_config(tmp_path):
     behind = text.split("Behind `default`")[1]
     assert "- algorithm.lr=default algorithm=b: algorithm.lr=0.04" in behind
     assert "algorithm=c" not in behind and "0.05" not in behind
+
+
+def test_runs_without_a_summary_are_named_not_silently_dropped(tmp_path, capsys):
+    """A stopped or running seed has metrics.jsonl but no summary.json: the table counts only the
+    finished seeds and a line under it names the others with their last round (a line cut by a
+    kill is skipped); with no finished run at all the one-line error names them too."""
+    for seed in (0, 1, 2):
+        _run(tmp_path / f"s{seed}", ["algorithm=a", f"seed={seed}"], lambda t: 0.5)
+    for seed in (1, 2):
+        (tmp_path / f"s{seed}" / "summary.json").unlink()
+    rows = (tmp_path / "s2" / "metrics.jsonl").read_text().splitlines()[:5]
+    (tmp_path / "s2" / "metrics.jsonl").write_text("\n".join(rows) + '\n{"round": 5, "sim_')
+    text = report(tmp_path, ["personal_acc"])
+    assert "| 1 | 50.00 ± 0.00 |" in text  # one seed: the finished one
+    left = "Left out, without a summary.json (stopped or still running): "
+    assert text.endswith(left + "s1 (round 10), s2 (round 4)")
+    (tmp_path / "s0" / "summary.json").unlink()
+    with pytest.raises(SystemExit) as exit_:
+        report_main([str(tmp_path), "--metrics", "personal_acc"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "s0 (round 10), s1 (round 10), s2 (round 4)" in err

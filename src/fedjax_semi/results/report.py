@@ -77,6 +77,26 @@ def find_runs(root: Path) -> list[dict]:
     return runs
 
 
+def unfinished_runs(root: Path) -> str:
+    """One line naming every run under root with a metrics.jsonl but no summary.json (stopped,
+    or still running) and its last logged round: the tables leave them out. "" when none."""
+    left = []
+    for m in sorted(Path(root).rglob("metrics.jsonl"), key=_natural):
+        if (m.parent / "summary.json").exists():
+            continue
+        last = "–"
+        for line in reversed(m.read_text().splitlines()):
+            try:
+                last = int(json.loads(line)["round"])
+                break
+            except (ValueError, KeyError, TypeError):  # a line cut by a kill
+                continue
+        left.append(f"{m.parent.relative_to(root)} (round {last})")
+    if not left:
+        return ""
+    return "Left out, without a summary.json (stopped or still running): " + ", ".join(left)
+
+
 def _run_settings(d: Path) -> dict:
     """The settings the run ran at (its run_config.json, or its replica parent's), flattened,
     without the seeds and the keys that never change a result (run_config.result_neutral):
@@ -148,7 +168,10 @@ def grouped_runs(root: Path) -> dict[str, list[dict]]:
     """The runs under root grouped by setting (`_settings`), the seeds of one setting together."""
     runs = find_runs(root)
     if not runs:
-        raise ValueError(f"sweep_dir={str(root)!r} holds no run with a summary.json")
+        left = unfinished_runs(root)
+        raise ValueError(
+            f"sweep_dir={str(root)!r} holds no run with a summary.json. {left}".strip()
+        )
     groups: dict[str, list[dict]] = defaultdict(list)
     for r, label in zip(runs, _settings(runs), strict=True):
         groups[label].append(r)
@@ -456,6 +479,8 @@ def report(
     if behind:
         text += "\n\nBehind `default` (the preset and its tuned file, from run_config.json):\n"
         text += "\n".join(behind)
+    left = unfinished_runs(root)
+    text += f"\n\n{left}" if left else ""
     csv_path = csv_path or Path(root) / "report.csv"
     fields = sorted(
         {k for r in csv_rows for k in r}, key=lambda k: (k != "setting", k != "seeds", k)
