@@ -79,10 +79,12 @@ def find_runs(root: Path) -> list[dict]:
 
 def unfinished_runs(root: Path) -> str:
     """One line naming every run under root with a metrics.jsonl but no summary.json (stopped,
-    or still running) and its last logged round: the tables leave them out. "" when none."""
+    or still running) and its last logged round: the tables leave them out. "" when none. A
+    seed of a finished replica group (its parent's replicas.json) is not one, even without its
+    own summary (older run directories)."""
     left = []
     for m in sorted(Path(root).rglob("metrics.jsonl"), key=_natural):
-        if (m.parent / "summary.json").exists():
+        if (m.parent / "summary.json").exists() or (m.parent.parent / "replicas.json").exists():
             continue
         last = "–"
         for line in reversed(m.read_text().splitlines()):
