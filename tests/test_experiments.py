@@ -20,8 +20,8 @@ PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
 # The two presets sweeping every UM-pFSSL row compose one config per row (the slowest here):
-# make test-slow; the fast suite composes them in test_tuned_apply.py (every row of the record)
-# and test_table1_carries_every_paper_number.
+# make test-slow; the fast suite composes seven of the record's eleven rows with their tuned
+# values (test_tuned_apply.py) and checks the paper-scale one's paper rows below.
 SLOW_PRESETS = ("um_pfssl_table1", "um_pfssl_table1_record")
 
 
@@ -57,13 +57,16 @@ def test_preset_composes_and_validates(name):
         validate(as_config(swept_node))
 
 
-# A compose costs about 0.5 s, and the table presets sweep a group over every row (about 40 s of
-# the fast suite in all): make test-slow. The fast suite composes the rows of the presets of
-# record with their tuned values (test_tuned_apply.py) and the sweeps' values above.
-GROUP_SWEEPS = [n for n in PRESETS if any(is_group(k) for k, _ in swept(n))]
+# A compose costs about 0.5 s: the presets of record (`*_record*`, what the tables run) compose
+# every swept config-group value in the fast suite; the others (the older CPU presets and the
+# paper-scale ones: about 30 s of composes) in make test-slow.
+GROUP_SWEEPS = [
+    n if "record" in n and n not in SLOW_PRESETS else pytest.param(n, marks=pytest.mark.slow)
+    for n in PRESETS
+    if any(is_group(k) for k, _ in swept(n))
+]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", GROUP_SWEEPS)
 def test_every_swept_config_group_value_composes(name):
     for key, v in swept(name):

@@ -318,15 +318,11 @@ def test_runs_without_a_summary_are_named_not_silently_dropped(tmp_path, capsys)
         _run(tmp_path / f"s{seed}", ["algorithm=a", f"seed={seed}"], lambda t: 0.5)
     for seed in (1, 2):
         (tmp_path / f"s{seed}" / "summary.json").unlink()
-    # A seed of a finished replica group without its own summary (older directories) is done.
-    _run(tmp_path / "old" / "seed_0", ["algorithm=a", "seed=3"], lambda t: 0.5)
-    (tmp_path / "old" / "seed_0" / "summary.json").rename(tmp_path / "old" / "replicas.json")
     rows = (tmp_path / "s2" / "metrics.jsonl").read_text().splitlines()[:5]
     (tmp_path / "s2" / "metrics.jsonl").write_text("\n".join(rows) + '\n{"round": 5, "sim_')
     text = report(tmp_path, ["personal_acc"])
     assert "| 1 | 50.00 ± 0.00 |" in text  # one seed: the finished one
-    left = "Left out, without a summary.json (stopped or still running): "
-    assert text.endswith(left + "s1 (round 10), s2 (round 4)") and "old" not in text
+    assert text.endswith("per-seed summaries): s1 (round 10), s2 (round 4)")
     (tmp_path / "s0" / "summary.json").unlink()
     with pytest.raises(SystemExit) as exit_:
         report_main([str(tmp_path), "--metrics", "personal_acc"])

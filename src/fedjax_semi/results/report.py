@@ -78,25 +78,28 @@ def find_runs(root: Path) -> list[dict]:
 
 
 def unfinished_runs(root: Path) -> str:
-    """One line naming every run under root with a metrics.jsonl but no summary.json (stopped,
-    or still running) and its last logged round: the tables leave them out. "" when none. A
-    seed of a finished replica group (its parent's replicas.json) is not one, even without its
-    own summary (older run directories)."""
+    """One line naming every run under root with a metrics.jsonl but no summary.json, and its
+    last logged round: the tables leave them out. "" when none."""
     left = []
     for m in sorted(Path(root).rglob("metrics.jsonl"), key=_natural):
-        if (m.parent / "summary.json").exists() or (m.parent.parent / "replicas.json").exists():
+        if (m.parent / "summary.json").exists():
             continue
-        last = "–"
-        for line in reversed(m.read_text().splitlines()):
+        last = "?"
+        try:
+            lines = m.read_text().splitlines()
+        except (OSError, UnicodeDecodeError):  # unreadable, or cut mid-character by a kill
+            lines = []
+        for line in reversed(lines):
             try:
                 last = int(json.loads(line)["round"])
                 break
-            except (ValueError, KeyError, TypeError):  # a line cut by a kill
+            except (ValueError, KeyError, TypeError, OverflowError):  # a line cut by a kill
                 continue
         left.append(f"{m.parent.relative_to(root)} (round {last})")
     if not left:
         return ""
-    return "Left out, without a summary.json (stopped or still running): " + ", ".join(left)
+    why = "stopped, still running, or a replica group's seed from before per-seed summaries"
+    return f"Left out, without a summary.json ({why}): " + ", ".join(left)
 
 
 def _run_settings(d: Path) -> dict:
