@@ -14,8 +14,15 @@ import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedjax_semi.tuned import diverged
+
+if TYPE_CHECKING:  # the entry points import Hydra, and jax through Config, only where needed
+    from omegaconf import DictConfig
+
+    from fedjax_semi.config import Config
+    from fedjax_semi.vectorized import Job
 
 CONF_DIR = Path(os.environ.get("FEDJAX_SEMI_CONF", Path(__file__).resolve().parents[2] / "conf"))
 
@@ -145,7 +152,7 @@ def _task(cfg) -> float | None:
     return value
 
 
-def report_job(c, summary: dict, out_dir, applied: dict) -> float:
+def report_job(c: Config, summary: dict, out_dir: str | Path, applied: dict) -> float:
     """The run's one line of results, and the value it returns to a sweeper (`objective`):
     NaN for a run that diverged, which a sweeper records as a failed trial."""
     if diverged(summary):
@@ -170,7 +177,7 @@ def report_job(c, summary: dict, out_dir, applied: dict) -> float:
     return float(value)
 
 
-def prepare_job(cfg, num: int):
+def prepare_job(cfg: DictConfig, num: int) -> Job:
     """A job of hydra/launcher=vectorized, composed and checked as `_task` checks a run (the
     registry, tuned values, every config check) before any job trains: a `vectorized.Job`."""
     from hydra.core.hydra_config import HydraConfig

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import jax
@@ -46,10 +47,10 @@ class Experiment:
     def runner(
         self,
         backend: str | None = None,
-        chunk=None,
-        eval_chunk=None,
-        seeds=None,
-        replica_chunk=None,
+        chunk: int | str | None = None,
+        eval_chunk: int | str | None = None,
+        seeds: Sequence[int] | None = None,
+        replica_chunk: int | str | None = None,
         seed: int | None = None,
         hparams: dict[str, list[float]] | None = None,
     ) -> Runner:
@@ -151,7 +152,9 @@ def load_partition_file(
     return part
 
 
-def client_views(ds: ArrayDataset, part: Partition):
+def client_views(
+    ds: ArrayDataset, part: Partition
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(x_train, y_train, x_test, y_test) as the clients see them: per-client label maps and
     rotations of the partition (CFSL's clusters, CoFED's task labels) applied."""
     if not {"label_map", "rotation"} & set(part.assignments):

@@ -241,7 +241,9 @@ class AdaFedSemi(Method):
         """Eq. 5: w_{k+1/2} = sum N_m w_{k,m} / sum N_m over the selected (weight 0 otherwise)."""
         return aggregate.weighted_mean(up.w, up.weight)
 
-    def client_times(self, plan: AdaPlan, key: jax.Array, r: jax.Array):
+    def client_times(
+        self, plan: AdaPlan, key: jax.Array, r: jax.Array
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Every client's (t^cp, t^cm) in seconds and the bytes of the model it exchanges this
         round, float32 [M] each: the homogeneous clock (client_time_s, all compute; Sec. 5.3)
         or, with systems=tx2, the TX2 clients training and exchanging the full model."""
@@ -266,7 +268,16 @@ class AdaFedSemi(Method):
         )
         return PoolLabels(a=a, y_hat=y_hat, ready=labels.ready | relabel)
 
-    def server_epoch(self, w_half, plan: AdaPlan, y_hat, mask, eta, key, r):
+    def server_epoch(
+        self,
+        w_half: PyTree,
+        plan: AdaPlan,
+        y_hat: jax.Array,
+        mask: jax.Array,
+        eta: jax.Array,
+        key: jax.Array,
+        r: jax.Array,
+    ) -> tuple[PyTree, dict]:
         """Eq. 7 as one epoch of mini-batch SGD over D_{k,U} (Eq. 8 charges t_p per sample): the
         selected pool samples first (a table of count n_sel), shuffled by `local_scan`'s epoch
         order; steps past them are skipped, so nothing changes when none is selected."""
@@ -446,19 +457,19 @@ def _fixed(cfg: AdaFedSemiConfig, name: str) -> None:
 
 
 @register("ada_fedsemi", AdaFedSemiConfig)
-def ada_fedsemi(cfg: AdaFedSemiConfig, **kw) -> AdaFedSemi:
+def ada_fedsemi(cfg: AdaFedSemiConfig, **kw: Any) -> AdaFedSemi:
     return AdaFedSemi(cfg, **kw)
 
 
 @register("fedsemi", AdaFedSemiConfig)
-def fedsemi(cfg: AdaFedSemiConfig, **kw) -> AdaFedSemi:
+def fedsemi(cfg: AdaFedSemiConfig, **kw: Any) -> AdaFedSemi:
     """FedSemi-P-C: the same pipeline with both agents off (P = fixed_p, C = fixed_c)."""
     _fixed(cfg, "fedsemi")
     return AdaFedSemi(cfg, name="fedsemi", **kw)
 
 
 @register("fedavg_p", AdaFedSemiConfig)
-def fedavg_p(cfg: AdaFedSemiConfig, **kw) -> AdaFedSemi:
+def fedavg_p(cfg: AdaFedSemiConfig, **kw: Any) -> AdaFedSemi:
     """FedAvg-P = FedSemi-P-1.0: client data only (the pool pass and server epoch left out)."""
     _fixed(cfg, "fedavg_p")
     if cfg.fixed_c != 1.0:

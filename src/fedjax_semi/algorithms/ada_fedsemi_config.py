@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from typing import ClassVar
 
 from fedjax_semi.config import AlgorithmConfig
@@ -180,7 +181,7 @@ def read_p_trace(path: str) -> tuple[float, ...]:
     return trace
 
 
-def participant_counts(p_values, num_clients: int) -> tuple[int, ...]:
+def participant_counts(p_values: Iterable[float], num_clients: int) -> tuple[int, ...]:
     """n = ceil(P M) for each P, exactly: P read as the decimal it was written as (0.3 is
     3/10), so float round-off cannot add a client (ceil(0.30000000000000004 * 20) = 7)."""
     from fractions import Fraction

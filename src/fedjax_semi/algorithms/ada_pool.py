@@ -10,6 +10,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from fedjax_semi.models.zoo import Model
+
 PyTree = Any
 
 
@@ -22,7 +24,9 @@ def teacher_ema(w_half: PyTree, teacher: PyTree, gamma: float, first: jax.Array)
     )
 
 
-def pseudo_label(model, variables: PyTree, x: jax.Array, idx: jax.Array, batch: int):
+def pseudo_label(
+    model: Model, variables: PyTree, x: jax.Array, idx: jax.Array, batch: int
+) -> tuple[jax.Array, jax.Array]:
     """Eqs. 2 and 6: the teacher's confidence a_j = max_q p_jq and label argmax_q p_jq of every
     pool sample idx [N] (deterministic forward, in chunks of `batch`) -> (f32 [N], int32 [N])."""
     n = idx.shape[0]

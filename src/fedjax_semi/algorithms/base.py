@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
 import jax
@@ -225,7 +225,7 @@ class Method(Capabilities):
         )
 
 
-def clients_finite(stacked) -> jax.Array:
+def clients_finite(stacked: PyTree) -> jax.Array:
     """bool [S]: every leaf of each client's tree is finite."""
     per_leaf = [
         jnp.all(jnp.isfinite(a.reshape(a.shape[0], -1)), axis=1) for a in jax.tree.leaves(stacked)
@@ -233,7 +233,7 @@ def clients_finite(stacked) -> jax.Array:
     return jnp.all(jnp.stack(per_leaf), axis=0)
 
 
-def cohort_metrics(cohort: jax.Array, out: dict, models) -> dict:
+def cohort_metrics(cohort: jax.Array, out: dict, models: PyTree) -> dict:
     """The per-round metrics every algorithm reports: the cohort, each client's loss and
     finiteness (for the NaN guard), the step-weighted mean training loss and mean step count."""
     steps = out["steps"].astype(jnp.float32)
@@ -291,7 +291,7 @@ def sanity(result: dict, prefix: str = "") -> dict:
     return out
 
 
-def concat_clients(results) -> dict:
+def concat_clients(results: Sequence[dict]) -> dict:
     """Per-client results of several model groups (a tuple of dicts [Cg, ...]) as one [C, ...]
     dict, in group order (enough for `sanity`, which does not depend on the order)."""
     return jax.tree.map(lambda *a: jnp.concatenate(a), *results)

@@ -382,12 +382,12 @@ class CFSL(Method):
 
 
 @register("cfsl", CFSLConfig)
-def cfsl(cfg: CFSLConfig, **kw) -> CFSL:
+def cfsl(cfg: CFSLConfig, **kw: Any) -> CFSL:
     return CFSL(cfg, **kw)
 
 
 @register("hfsl", CFSLConfig)
-def hfsl(cfg: CFSLConfig, **kw) -> CFSL:
+def hfsl(cfg: CFSLConfig, **kw: Any) -> CFSL:
     """HFSL (the paper's baseline): one global model by two-level FedAvg with SSL; clustering
     off and every worker selected, labeling timed by Eq. 5 (SP) or Eq. 25 (ST) at the roots."""
     if cfg.clustering:

@@ -202,7 +202,9 @@ def public_order(key: jax.Array, m: int) -> jax.Array:
     )
 
 
-def combined_table(private: RoleTable, y, public: jax.Array, keep, label):
+def combined_table(
+    private: RoleTable, y: jax.Array, public: jax.Array, keep: jax.Array, label: jax.Array
+) -> tuple[RoleTable, jax.Array]:
     """Each client's D_i + R_i as one table: idx [C, n + M] (valid entries first, private then
     public) and labels [C, n + M] (visible labels, then pseudo-labels; -1 padding)."""
     c = private.idx.shape[0]
@@ -496,5 +498,5 @@ class CoFED(Method):
 
 
 @register("cofed", CoFEDConfig)
-def cofed(cfg: CoFEDConfig, **kw) -> CoFED:
+def cofed(cfg: CoFEDConfig, **kw: Any) -> CoFED:
     return CoFED(cfg, **kw)

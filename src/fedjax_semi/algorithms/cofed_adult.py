@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -39,7 +40,7 @@ import optax
 from sklearn.compose import ColumnTransformer
 from sklearn.dummy import DummyClassifier
 from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import make_pipeline
+from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import SplineTransformer
 from sklearn.svm import SVC
 from sklearn.tree import DecisionTreeClassifier
@@ -218,7 +219,9 @@ def draw_hparams(cfg: CoFEDAdultConfig, types: list[str]) -> list[dict[str, Any]
     return hps
 
 
-def fit_sklearn(hp: dict[str, Any], numeric: np.ndarray, x: np.ndarray, y: np.ndarray):
+def fit_sklearn(
+    hp: dict[str, Any], numeric: np.ndarray, x: np.ndarray, y: np.ndarray
+) -> DummyClassifier | DecisionTreeClassifier | SVC | Pipeline:
     """A fresh scikit-learn model of type hp["type"] fitted on x f32 [n, D], y int [n]."""
     if np.unique(y).size < 2:  # SVC and LogisticRegression need both classes
         return DummyClassifier(strategy="constant", constant=y[0]).fit(x, y)
@@ -246,8 +249,13 @@ class MaskedMLP(nn.Module):
         return nn.Dense(2, name="out")(h)
 
 
+MLPParams = dict[str, dict[str, jax.Array]]  # MaskedMLP's params: {hidden, out}: {kernel, bias}
+
+
 @functools.partial(jax.jit, static_argnames=("d", "hidden"))
-def nn_init(seed: int, ids: jax.Array, widths: jax.Array, *, d: int, hidden: int):
+def nn_init(
+    seed: int, ids: jax.Array, widths: jax.Array, *, d: int, hidden: int
+) -> tuple[MLPParams, jax.Array]:
     """(params [Cg, ...], masks f32 [Cg, H]) for participant ids [Cg] with widths [Cg]: keys
     fold the participant id into the run's seed; masked units start at exactly 0, and the
     output layer is scaled to LeCun init with the true fan-in (width, not H)."""
@@ -266,7 +274,19 @@ def nn_init(seed: int, ids: jax.Array, widths: jax.Array, *, d: int, hidden: int
     return jax.vmap(one)(ids, widths)
 
 
-def train_one(params, mask, x_all, idx, y, n, key, *, epochs: int, batch: int, lr: float):
+def train_one(
+    params: MLPParams,
+    mask: jax.Array,
+    x_all: jax.Array,
+    idx: jax.Array,
+    y: jax.Array,
+    n: jax.Array,
+    key: jax.Array,
+    *,
+    epochs: int,
+    batch: int,
+    lr: float,
+) -> MLPParams:
     """One participant's Adam training (fresh state) on rows x_all[idx[:n]] f32 [., D] with
     labels y[:n]; idx, y [Nmax] are padded past n. Each epoch permutes the n valid rows and
     takes ceil(Nmax / batch) steps, one shape for the group; a step past n changes nothing."""
@@ -305,14 +325,26 @@ train_single = jax.jit(train_one, static_argnames=STATIC)  # one participant at 
 
 
 @functools.partial(jax.jit, static_argnames=STATIC)
-def train_group(params, masks, x_all, idx, y, n, keys, *, epochs: int, batch: int, lr: float):
+def train_group(
+    params: MLPParams,
+    masks: jax.Array,
+    x_all: jax.Array,
+    idx: jax.Array,
+    y: jax.Array,
+    n: jax.Array,
+    keys: jax.Array,
+    *,
+    epochs: int,
+    batch: int,
+    lr: float,
+) -> MLPParams:
     """train_one vmapped over the group's participants [Cg, ...]; x_all [R, D] is shared."""
     fn = functools.partial(train_one, epochs=epochs, batch=batch, lr=lr)
     return jax.vmap(fn, in_axes=(0, 0, None, 0, 0, 0, 0))(params, masks, x_all, idx, y, n, keys)
 
 
 @jax.jit
-def predict_group(params, masks, x: jax.Array) -> jax.Array:
+def predict_group(params: MLPParams, masks: jax.Array, x: jax.Array) -> jax.Array:
     """Hard labels int32 [Cg, B] on shared rows x [B, D] (K = 2, both owned: plain argmax)."""
     apply = jax.vmap(lambda p, m: MaskedMLP(m.shape[0]).apply({"params": p}, x, m))
     return jnp.argmax(apply(params, masks), axis=-1).astype(jnp.int32)
@@ -353,7 +385,9 @@ class Outcome:
     test_fed: np.ndarray
 
 
-def protocol(cfg: CoFEDAdultConfig, task: AdultTask, log=lambda msg: None) -> Outcome:
+def protocol(
+    cfg: CoFEDAdultConfig, task: AdultTask, log: Callable[[str], None] = lambda msg: None
+) -> Outcome:
     """Steps 1-4 of CoFED (Sec. 4.1) on the task; never sees a test label."""
     types = assign_types(cfg)
     hps = draw_hparams(cfg, types)

@@ -17,6 +17,7 @@ The partition's roles pick this variant when the method is built (`registry.make
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -122,11 +123,11 @@ class TargetTaskFedAvg(FedAvgFamily):
 
 
 @register_variant("fedavg", dofed.is_target_task)
-def fedavg_on_target_task(cfg: FedAvgConfig, **kw) -> TargetTaskFedAvg:
+def fedavg_on_target_task(cfg: FedAvgConfig, **kw: Any) -> TargetTaskFedAvg:
     return TargetTaskFedAvg(cfg, name="fedavg", **kw)
 
 
 @register_variant("local", dofed.is_target_task)
-def local_on_target_task(cfg: FedAvgConfig, **kw) -> TargetTaskFedAvg:
+def local_on_target_task(cfg: FedAvgConfig, **kw: Any) -> TargetTaskFedAvg:
     check_required(cfg, "local", **LOCAL_REQUIRES)
     return TargetTaskFedAvg(cfg, name="local", **kw)

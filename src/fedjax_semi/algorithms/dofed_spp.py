@@ -485,6 +485,6 @@ class DoFedSPP(TargetTaskMethod):
 
 
 @register("dofed_spp", DoFedSPPConfig)
-def dofed_spp(cfg: DoFedSPPConfig, **kw) -> DoFedSPP:
+def dofed_spp(cfg: DoFedSPPConfig, **kw: Any) -> DoFedSPP:
     check_selection_k(cfg, kw["num_clients"])
     return DoFedSPP(cfg, **kw)

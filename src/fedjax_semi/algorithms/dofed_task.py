@@ -6,6 +6,7 @@ model copy."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import jax
@@ -42,7 +43,7 @@ def data_roles(roles: dict) -> Roles:
     return DOFED_ROLES if "target_labeled" in roles else GENERIC_ROLES
 
 
-def client_evaluator(model: Model, *, per_client: bool):
+def client_evaluator(model: Model, *, per_client: bool) -> Callable[..., dict]:
     """The per-client scoring function for `evaluate_clients`, built once per algorithm (the
     reference backend caches one jitted function per callable).
 
@@ -62,7 +63,12 @@ def client_evaluator(model: Model, *, per_client: bool):
 
 
 def evaluate_clients(
-    evaluator, models: PyTree, fed: FederatedData, mapper: Mapper, *, per_client: bool
+    evaluator: Callable[..., dict],
+    models: PyTree,
+    fed: FederatedData,
+    mapper: Mapper,
+    *,
+    per_client: bool,
 ) -> dict:
     """Classification accuracy (Sec. 6.1): each client's model (per_client: its own row of
     `models`, leaves [N, ...]; else `models` is the one global model) on its own held-out test

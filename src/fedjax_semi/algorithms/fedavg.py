@@ -398,29 +398,29 @@ def shared_is(preset: str) -> Requirement:
 
 
 @register("fedavg", FedAvgConfig)
-def fedavg(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+def fedavg(cfg: FedAvgConfig, **kw: Any) -> FedAvgFamily:
     return FedAvgFamily(cfg, name="fedavg", **kw)
 
 
 @register("fedavg_sl", FedAvgConfig)
-def fedavg_sl(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+def fedavg_sl(cfg: FedAvgConfig, **kw: Any) -> FedAvgFamily:
     return FedAvgFamily(cfg, name="fedavg_sl", primary="train", oracle=True, **kw)
 
 
 @register("fedprox", FedAvgConfig)
-def fedprox(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+def fedprox(cfg: FedAvgConfig, **kw: Any) -> FedAvgFamily:
     check_required(cfg, "fedprox", prox_mu=POSITIVE)
     return FedAvgFamily(cfg, name="fedprox", **kw)
 
 
 @register("fedavg_pl", FedAvgConfig)
-def fedavg_pl(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+def fedavg_pl(cfg: FedAvgConfig, **kw: Any) -> FedAvgFamily:
     check_required(cfg, "fedavg_pl", pl_weight=POSITIVE)
     return FedAvgFamily(cfg, name="fedavg_pl", pseudo_labels=True, **kw)
 
 
 @register("local", FedAvgConfig)
-def local(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+def local(cfg: FedAvgConfig, **kw: Any) -> FedAvgFamily:
     check_required(cfg, "local", **LOCAL_REQUIRES)
     return FedAvgFamily(cfg, name="local", **kw)
 
@@ -438,27 +438,27 @@ def _fixmatch(cfg: FedAvgConfig, name: str, shared: str, prox: bool, **kw) -> Fe
 
 
 @register("fixavg", FedAvgConfig)
-def fixavg(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+def fixavg(cfg: FedAvgConfig, **kw: Any) -> FedAvgFamily:
     return _fixmatch(cfg, "fixavg", "all", prox=False, **kw)
 
 
 @register("fixprox", FedAvgConfig)
-def fixprox(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+def fixprox(cfg: FedAvgConfig, **kw: Any) -> FedAvgFamily:
     return _fixmatch(cfg, "fixprox", "all", prox=True, **kw)
 
 
 @register("fixbn", FedAvgConfig)
-def fixbn(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+def fixbn(cfg: FedAvgConfig, **kw: Any) -> FedAvgFamily:
     return _fixmatch(cfg, "fixbn", "fedbn", prox=False, **kw)
 
 
 @register("fedper", FedAvgConfig)
-def fedper(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+def fedper(cfg: FedAvgConfig, **kw: Any) -> FedAvgFamily:
     return _fixmatch(cfg, "fedper", "fedper", prox=False, **kw)
 
 
 @register("lg_fedavg", FedAvgConfig)
-def lg_fedavg(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+def lg_fedavg(cfg: FedAvgConfig, **kw: Any) -> FedAvgFamily:
     return _fixmatch(cfg, "lg_fedavg", "lg", prox=False, **kw)
 
 
@@ -475,10 +475,10 @@ def _supervised(cfg: FedAvgConfig, name: str, shared: str, prox: bool, **kw) -> 
 
 
 @register("fedprox_sl", FedAvgConfig)
-def fedprox_sl(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+def fedprox_sl(cfg: FedAvgConfig, **kw: Any) -> FedAvgFamily:
     return _supervised(cfg, "fedprox_sl", "all", prox=True, **kw)
 
 
 @register("fedbn_sl", FedAvgConfig)
-def fedbn_sl(cfg: FedAvgConfig, **kw) -> FedAvgFamily:
+def fedbn_sl(cfg: FedAvgConfig, **kw: Any) -> FedAvgFamily:
     return _supervised(cfg, "fedbn_sl", "fedbn", prox=False, **kw)

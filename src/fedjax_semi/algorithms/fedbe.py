@@ -174,7 +174,9 @@ def server_pool(fed: FederatedData, mode: str, size: int, seed: int) -> np.ndarr
     return cand.astype(np.int32)
 
 
-def pool_logits(model: Model, variables: PyTree, x: jax.Array, idx: jax.Array, batch: int):
+def pool_logits(
+    model: Model, variables: PyTree, x: jax.Array, idx: jax.Array, batch: int
+) -> jax.Array:
     """One model's logits on the pool idx [P] in batches of `batch` -> [P, Q]."""
     p = idx.shape[0]
     batch = max(1, min(batch, p))  # a small pool is one batch, not one padded to `batch`
@@ -423,5 +425,5 @@ class FedBE(TargetTaskMethod):
 
 
 @register("fedbe", FedBEConfig)
-def fedbe(cfg: FedBEConfig, **kw) -> FedBE:
+def fedbe(cfg: FedBEConfig, **kw: Any) -> FedBE:
     return FedBE(cfg, **kw)

@@ -6,6 +6,7 @@ from it, the ensemble's mean prediction on the server's pool, and the distillati
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -57,7 +58,7 @@ def gaussian_sample(
     )
 
 
-def ensemble_average(predict, members: PyTree) -> jax.Array:
+def ensemble_average(predict: Callable[[PyTree], jax.Array], members: PyTree) -> jax.Array:
     """p = mean over members e of softmax(predict(member_e)): members leaves [E, ...],
     predict(one member) -> logits [P, Q] -> [P, Q]. A scan, so memory holds one member's
     logits and the running sum."""
@@ -85,7 +86,15 @@ class DistillObjective:
 
     model: Model
 
-    def __call__(self, params, model_state, batch: dict, rng, anchor, pl_on):
+    def __call__(
+        self,
+        params: PyTree,
+        model_state: dict[str, Any],
+        batch: dict,
+        rng: jax.Array,
+        anchor: PyTree,
+        pl_on: jax.Array | bool,
+    ) -> tuple[jax.Array, tuple[dict[str, Any], dict[str, jax.Array]]]:
         variables = {"params": params, **model_state}
         logits, new_state = self.model.apply(
             variables, batch["x"], train=True, rng=rng, mask=batch["valid"]

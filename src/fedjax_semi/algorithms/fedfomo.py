@@ -238,7 +238,9 @@ class FedFomo(TargetTaskMethod):
 
     # ------------------------------------------------------------------ one participant
 
-    def mean_loss(self, variables: PyTree, x: jax.Array, y: jax.Array, table: RoleTable):
+    def mean_loss(
+        self, variables: PyTree, x: jax.Array, y: jax.Array, table: RoleTable
+    ) -> jax.Array:
         """l_n(theta): mean CE of one model on one client's D_lab row (0 if empty)."""
         r = evaluate_row(self.model, variables, x, y, table)
         return r["loss"] / jnp.maximum(r["count"], 1)
@@ -348,7 +350,7 @@ class FedFomo(TargetTaskMethod):
 
 
 @register("fedfomo", FedFomoConfig)
-def fedfomo(cfg: FedFomoConfig, **kw) -> FedFomo:
+def fedfomo(cfg: FedFomoConfig, **kw: Any) -> FedFomo:
     """FedFomo; M must leave a peer to download: 1 <= fedfomo_m <= num_clients - 1."""
     n, m = kw["num_clients"], cfg.fedfomo_m
     if not m <= n - 1:

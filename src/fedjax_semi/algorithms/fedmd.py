@@ -70,6 +70,7 @@ from fedjax_semi.engine.keys import (
 from fedjax_semi.engine.train import Schedule, make_optimizer, masked_mean
 from fedjax_semi.errors import bad, check_choice
 from fedjax_semi.models import pool
+from fedjax_semi.models.zoo import Model
 
 PyTree = Any
 
@@ -163,7 +164,7 @@ def alignment_rows(key: jax.Array, rnd: jax.Array, m: int, size: int) -> jax.Arr
 
 
 def fit_to_scores(
-    model,
+    model: Model,
     tx: optax.GradientTransformation,
     variables: PyTree,
     x: jax.Array,
@@ -452,5 +453,5 @@ class FedMD(Method):
 
 
 @register("fedmd", FedMDConfig)
-def fedmd(cfg: FedMDConfig, **kw) -> FedMD:
+def fedmd(cfg: FedMDConfig, **kw: Any) -> FedMD:
     return FedMD(cfg, **kw)

@@ -127,7 +127,12 @@ class FedOpt(Method):
         )
 
     def round(
-        self, state: FedOptState, data: TrainView, key: jax.Array, clients: Clients, flags=()
+        self,
+        state: FedOptState,
+        data: TrainView,
+        key: jax.Array,
+        clients: Clients,
+        flags: tuple = (),
     ) -> tuple[FedOptState, dict]:
         cohort = self.sample_cohort(key, state.round)  # line 3
         rows = ClientTable(cohort, data.roles["labeled"].take(cohort))

@@ -87,7 +87,15 @@ class ExitsObjective:
     model: Model
     exit_on: Any = None
 
-    def __call__(self, params, model_state, batch: dict, rng, anchor, pl_on):
+    def __call__(
+        self,
+        params: PyTree,
+        model_state: dict[str, Any],
+        batch: dict,
+        rng: jax.Array,
+        anchor: PyTree,
+        pl_on: jax.Array | bool,
+    ) -> tuple[jax.Array, tuple[dict[str, Any], dict[str, jax.Array]]]:
         variables = {"params": params, **model_state}
         logits, new_state = self.model.apply(variables, batch["x"], train=True, rng=rng)
         valid = batch["valid"] & (batch["y"] >= 0)
@@ -168,7 +176,9 @@ class HeteroAdaFedSemi(AdaFedSemi):
             mean_bandwidth,
         )  # fmt: skip
 
-    def client_times(self, plan: AdaPlan, key: jax.Array, r: jax.Array):
+    def client_times(
+        self, plan: AdaPlan, key: jax.Array, r: jax.Array
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Each client's (t^cp, t^cm) for its sub-model H^{d_m} and its bytes [M] (Table 9)."""
         t_cp, t_cm = self._times(key, r, plan.depth)
         size = jnp.asarray(self.cfg.part_bytes, jnp.float32)[jnp.clip(plan.depth, 1) - 1]
@@ -240,12 +250,12 @@ class HeteroAdaFedSemi(AdaFedSemi):
 
 
 @register("hetero_ada", HeteroAdaConfig)
-def hetero_ada(cfg: HeteroAdaConfig, **kw) -> HeteroAdaFedSemi:
+def hetero_ada(cfg: HeteroAdaConfig, **kw: Any) -> HeteroAdaFedSemi:
     return HeteroAdaFedSemi(cfg, **kw)
 
 
 @register("semi_hfl", HeteroAdaConfig)
-def semi_hfl(cfg: HeteroAdaConfig, **kw) -> HeteroAdaFedSemi:
+def semi_hfl(cfg: HeteroAdaConfig, **kw: Any) -> HeteroAdaFedSemi:
     """Semi-HFL, the baseline of Sec. 5.8 (Figs. 16-17; the authors' modification for
     server-side unlabeled data): HeteroAda-FedSemi's multi-exit clients, layer-wise
     aggregation and P-agent, but each client's depth from a static heuristic (a nominal

@@ -126,5 +126,5 @@ class PersonalizedFedAvg(FedAvgFamily):
 
 
 @register("pfedavg", PFedAvgConfig)
-def pfedavg(cfg: PFedAvgConfig, **kw) -> PersonalizedFedAvg:
+def pfedavg(cfg: PFedAvgConfig, **kw: Any) -> PersonalizedFedAvg:
     return PersonalizedFedAvg(cfg, **kw)

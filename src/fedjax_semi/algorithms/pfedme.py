@@ -195,6 +195,6 @@ class PFedMe(FedAvgFamily):
 
 
 @register("pfedme", PFedMeConfig)
-def pfedme(cfg: PFedMeConfig, **kw) -> PFedMe:
+def pfedme(cfg: PFedMeConfig, **kw: Any) -> PFedMe:
     check_required(cfg, "pfedme", pl_weight=POSITIVE)
     return PFedMe(cfg, name="pfedme", pseudo_labels=True, fixmatch=True, **kw)

@@ -151,7 +151,7 @@ def register_variant(name: str, applies: Callable[[tuple[str, ...]], bool]) -> C
     return deco
 
 
-def make_algorithm(name: str, roles: tuple[str, ...] | None = None, **kwargs) -> Algorithm:
+def make_algorithm(name: str, roles: tuple[str, ...] | None = None, **kwargs: Any) -> Algorithm:
     """Method `name` built from `kwargs` (cfg, model, ...): the first of its task variants whose
     `applies(roles)` holds for the partition's role names, else its own factory."""
     check_config_class(name, kwargs["cfg"])  # loads the plugins, whose variants count too

@@ -108,7 +108,15 @@ class ControlledLoss:
     base: Any  # an engine.train objective: (params, state, batch, rng, anchor, pl_on) -> ...
     correction: PyTree
 
-    def __call__(self, params, model_state, batch, rng, anchor, pl_on):
+    def __call__(
+        self,
+        params: PyTree,
+        model_state: dict[str, Any],
+        batch: dict,
+        rng: jax.Array,
+        anchor: PyTree,
+        pl_on: jax.Array | bool,
+    ) -> tuple[jax.Array, tuple[dict[str, Any], dict[str, jax.Array]]]:
         loss, aux = self.base(params, model_state, batch, rng, anchor, pl_on)
         pairs = zip(jax.tree.leaves(self.correction), jax.tree.leaves(params), strict=True)
         linear = sum(jnp.vdot(d, p - jax.lax.stop_gradient(p)) for d, p in pairs)
@@ -205,5 +213,5 @@ class Scaffold(Method):
 
 
 @register("scaffold", ScaffoldConfig)
-def scaffold(cfg: ScaffoldConfig, **kw) -> Scaffold:
+def scaffold(cfg: ScaffoldConfig, **kw: Any) -> Scaffold:
     return Scaffold(cfg, **kw)

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_semi.algorithms import um_pfssl_train
-from fedjax_semi.algorithms.base import ClientTable, RoundShared, cohort_metrics, register
+from fedjax_semi.algorithms.base import ClientTable, Mapper, RoundShared, cohort_metrics, register
 from fedjax_semi.algorithms.fedavg import FedAvgFamily, _check
 from fedjax_semi.algorithms.um_pfssl_config import UMPFSSLConfig
 from fedjax_semi.algorithms.um_pfssl_state import HelperList, UMClient, UMComm, UMState, UMUpload
@@ -113,7 +114,7 @@ class UMPFSSL(FedAvgFamily):
     }  # fmt: skip
     mechanism_metrics: ClassVar[tuple[str, ...]] = tuple(label_scores.values())
 
-    def warmup(self, state: UMState, data: TrainView, mapper, key: jax.Array) -> UMState:
+    def warmup(self, state: UMState, data: TrainView, mapper: Mapper, key: jax.Array) -> UMState:
         """Alg. 1 l.3-4: every client trains on its labeled data only, then uploads."""
         inputs = ClientTable(jnp.arange(self.num_clients), data.roles["labeled"])
         shared = RoundShared(state.w_k, data.x, data.y, jnp.int32(0), key, state.record)
@@ -165,7 +166,9 @@ class UMPFSSL(FedAvgFamily):
             last=None if state.last_refresh is None else state.last_refresh[cohort],
         )
 
-    def client_round_for(self, flags: tuple[bool, bool]):
+    def client_round_for(
+        self, flags: tuple[bool, bool]
+    ) -> Callable[[UMClient, RoundShared], UMUpload]:
         """`client_round` with the round's static switches, one function object per pair (the
         backends cache their compiled programs by it)."""
         if flags not in self._client_rounds:
@@ -331,7 +334,15 @@ class UMPFSSL(FedAvgFamily):
         }
         return new.replace(round=t, w_k=scatter(state.w_k, cohort, up.w_k)), metrics
 
-    def helper_stats(self, models, ids, purpose, inp, shared, mu):
+    def helper_stats(
+        self,
+        models: PyTree,
+        ids: jax.Array,
+        purpose: int,
+        inp: UMClient,
+        shared: RoundShared,
+        mu: jax.Array,
+    ) -> dict:
         """pair_stats of G models [G, P] (ids [G]) on this client's data, vmapped over G."""
         c, k, t = self.cfg, inp.id, shared.round
         base = client_key(shared.key, purpose, t, k)
@@ -347,7 +358,13 @@ class UMPFSSL(FedAvgFamily):
 
         return map_within_client(one, models, keys)
 
-    def replace_helpers(self, inp, shared, mu, lists):
+    def replace_helpers(
+        self,
+        inp: UMClient,
+        shared: RoundShared,
+        mu: jax.Array,
+        lists: tuple[jax.Array, PyTree, jax.Array],
+    ) -> tuple[jax.Array, PyTree, jax.Array, jax.Array]:
         """Alg. 2 REPLACEHELPER: keep the best R of the R worst incumbents and R random
         candidates. lists = (hidx [M], cache [M-1, P], cver [M-1]) -> (..., corr [M])."""
         hidx, cache, cver = lists
@@ -369,7 +386,7 @@ class UMPFSSL(FedAvgFamily):
         cver = cver.at[worst].set(pick(cver[worst], shared.versions[cand]))
         return hidx.at[1 + worst].set(ids), cache, cver, inc.at[1 + worst].set(best)
 
-    def aggregate(self, corr, valid, helpers, own):
+    def aggregate(self, corr: jax.Array, valid: jax.Array, helpers: PyTree, own: PyTree) -> PyTree:
         """Alg. 1 l.14-15: the Corr-weighted average of the helpers [M, ...] (valid [M]).
         aggregate_bn_stats=false keeps the client's own BatchNorm running statistics instead
         of averaging them, as FedBN does (the paper does not say which). The ablations:
@@ -385,7 +402,15 @@ class UMPFSSL(FedAvgFamily):
             agg = {**agg, "batch_stats": own["batch_stats"]}
         return agg
 
-    def train_personal(self, agg, inp, shared, y_hat, keep, mu) -> tuple[PyTree, dict]:
+    def train_personal(
+        self,
+        agg: PyTree,
+        inp: UMClient,
+        shared: RoundShared,
+        y_hat: jax.Array,
+        keep: jax.Array,
+        mu: jax.Array,
+    ) -> tuple[PyTree, dict]:
         """g. TRAIN (Alg. 1 l.18-20): `um_pfssl_train.train_personal` with this method's loss,
         optimizer and schedule."""
         return um_pfssl_train.train_personal(
@@ -394,7 +419,7 @@ class UMPFSSL(FedAvgFamily):
 
 
 @register("um_pfssl", UMPFSSLConfig)
-def um_pfssl(cfg: UMPFSSLConfig, **kw) -> UMPFSSL:
+def um_pfssl(cfg: UMPFSSLConfig, **kw: Any) -> UMPFSSL:
     _check(cfg, "um_pfssl", shared=(lambda v: v == "none", "'none' (there is no global model)"))
     alg = UMPFSSL(cfg, **kw)
     n, m, r = alg.num_clients, cfg.helper_list_size, cfg.num_replace

@@ -38,7 +38,15 @@ class UMObjective:
 
     model: Model
 
-    def __call__(self, params, model_state, batch, rng, anchor, pl_on):
+    def __call__(
+        self,
+        params: PyTree,
+        model_state: dict[str, Any],
+        batch: dict,
+        rng: jax.Array,
+        anchor: PyTree,
+        pl_on: jax.Array | bool,
+    ) -> tuple[jax.Array, tuple[dict[str, Any], dict[str, jax.Array]]]:
         logits, new_state = self.model.apply(
             {"params": params, **model_state}, batch["x"], train=True, rng=rng, mask=batch["valid"]
         )

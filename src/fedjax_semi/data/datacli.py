@@ -163,7 +163,9 @@ def _train_indices(part: Any) -> list[np.ndarray]:
     ]
 
 
-def class_histograms(part: Any, labels: np.ndarray, num_classes: int):
+def class_histograms(
+    part: Any, labels: np.ndarray, num_classes: int
+) -> tuple[np.ndarray, np.ndarray]:
     """``(train, test)`` count matrices ``int64 [C, num_classes]`` per client and class;
     train counts labeled ∪ unlabeled, test the client's ``"test"`` role (zeros if absent)."""
     train = np.stack([np.bincount(labels[i], minlength=num_classes) for i in _train_indices(part)])

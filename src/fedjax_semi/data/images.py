@@ -137,7 +137,9 @@ def read_stl10_labels(path: str | Path) -> np.ndarray:
     return y - 1
 
 
-def read_leaf_dir(directory: str | Path, shape: tuple[int, ...] = (28, 28, 1)):
+def read_leaf_dir(
+    directory: str | Path, shape: tuple[int, ...] = (28, 28, 1)
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Reads every ``*.json`` file of one LEAF split directory (e.g. ``femnist/data/train``).
 
     Files are read in sorted name order; users in each file's ``"users"`` order.

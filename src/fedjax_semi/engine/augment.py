@@ -10,6 +10,8 @@ sharpness are left out too (see docs/deviations.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -126,7 +128,9 @@ def strong(x: jax.Array, key: jax.Array, num_ops: int = 2) -> jax.Array:
     return cutout(x, kc)
 
 
-def augment_batch(fn, x: jax.Array, key: jax.Array) -> jax.Array:
+def augment_batch(
+    fn: Callable[[jax.Array, jax.Array], jax.Array], x: jax.Array, key: jax.Array
+) -> jax.Array:
     """Apply a per-image augmentation to uint8/float [B, H, W, C] with one key per sample.
 
     Returns float32 in [0, 255] (models preprocess float input with the same /255 formula).

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
 import numpy as np
+import numpy.typing as npt
 
 from fedjax_semi.config import StopConfig
 
@@ -194,7 +195,9 @@ def train_and_evaluate(
     return run
 
 
-def clock_passed(before, after, every: float, active: Sequence[bool]) -> bool:
+def clock_passed(
+    before: npt.ArrayLike, after: npt.ArrayLike, every: float, active: Sequence[bool]
+) -> bool:
     """Whether an active replica's clock passed a multiple of `every` seconds in a round:
     `before`, `after` are the clocks around it, [] or [R] (replicas). Stateless, so a resumed
     run evaluates at the same rounds."""
@@ -273,7 +276,7 @@ def round_row(
     fed: FederatedData,
     rnd: int,
     m: dict,
-    ev,
+    ev: dict | None,
     wall: float,
     r: int,
     label_scores: dict[str, str],
@@ -309,7 +312,7 @@ def _took_part(counts: np.ndarray, cohort) -> None:
     counts[ids[(ids >= 0) & (ids < counts.size)]] += 1
 
 
-def participation(run: Run, r: int, num_clients: int, cohort) -> dict:
+def participation(run: Run, r: int, num_clients: int, cohort: Sequence[int]) -> dict:
     """Replica r's participation so far, this round's `cohort` included: the mean and least
     number of rounds a client of the population took part in, and the share never selected.
     Counted from the cohorts of run.rows (restored on resume), each row once."""
@@ -329,7 +332,9 @@ def participation(run: Run, r: int, num_clients: int, cohort) -> dict:
     }
 
 
-def pseudo_label_accuracy(index, label, eval_y) -> float | None:
+def pseudo_label_accuracy(
+    index: npt.ArrayLike, label: npt.ArrayLike, eval_y: npt.ArrayLike
+) -> float | None:
     """Share of pseudo-labels that equal the hidden true labels (a diagnostic only: it runs on
     the host after the round, and training never sees eval_y). index [S, N]; label [S, N], or
     [S, M, N] where a row is right when any of its M labels is; label -1 marks padding."""

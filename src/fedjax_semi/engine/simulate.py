@@ -14,7 +14,7 @@ import numpy as np
 
 from fedjax_semi.data.federated import FederatedData
 from fedjax_semi.engine.aggregate import select_rows
-from fedjax_semi.engine.clients import Clients, map_clients
+from fedjax_semi.engine.clients import Clients, PyTree, map_clients
 
 # Defined beside the loop; importable from here as before.
 from fedjax_semi.engine.loop import EarlyStopper as EarlyStopper
@@ -231,7 +231,7 @@ def auto_chunk_candidates(cohort: int) -> list[int | str]:
     return [c for c in AUTO_CHUNKS if c < cohort] + ["all"]
 
 
-def client_sharding(devices: int):
+def client_sharding(devices: int) -> Callable[[PyTree], PyTree]:
     """A function that shards the leading (client) axis of every leaf over `devices` devices."""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -245,7 +245,7 @@ def client_sharding(devices: int):
     return lambda tree: jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, spec), tree)
 
 
-def replicated(devices: int):
+def replicated(devices: int) -> jax.sharding.NamedSharding | None:
     """With several processes (jax.distributed), the sharding that replicates an output on
     every device of the client mesh; None (the compiler's choice) within one process."""
     if jax.process_count() == 1:

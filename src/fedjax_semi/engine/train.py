@@ -80,7 +80,9 @@ def optimizer_names() -> list[str]:
     return sorted(n for n in _OPTIMIZERS if hasattr(optax, n))
 
 
-def make_optimizer(name: str, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
+def make_optimizer(
+    name: str, lr: float, momentum: float = 0.0, weight_decay: float = 0.0
+) -> optax.GradientTransformation:
     """Any optax optimizer by alias name. `momentum` applies to sgd; `weight_decay` is decoupled
     for adamw and added to the gradient (L2) for the others."""
     if name not in optimizer_names():
@@ -147,7 +149,9 @@ def batch_positions(
     return pos.astype(jnp.int32), valid
 
 
-def random_positions(key: jax.Array, count: jax.Array, steps: int, size: int):
+def random_positions(
+    key: jax.Array, count: jax.Array, steps: int, size: int
+) -> tuple[jax.Array, jax.Array]:
     """`size` uniform positions per step into a table row: (pos [T, size], valid [T, size])."""
     pos = jax.random.randint(key, (steps, size), 0, jnp.maximum(count, 1))
     return pos.astype(jnp.int32), jnp.broadcast_to(count > 0, (steps, size))
@@ -173,7 +177,15 @@ class LocalObjective:
     pl_threshold: float = 0.95
     fixmatch: bool = False
 
-    def __call__(self, params, model_state, batch: dict, rng, anchor, pl_on):
+    def __call__(
+        self,
+        params: PyTree,
+        model_state: dict[str, Any],
+        batch: dict,
+        rng: jax.Array,
+        anchor: PyTree,
+        pl_on: jax.Array | bool,
+    ) -> tuple[jax.Array, tuple[dict[str, Any], dict[str, jax.Array]]]:
         variables = {"params": params, **model_state}
         x, y, valid = batch["x"], batch["y"], batch["valid"]
         use_pl = self.pl_weight > 0 and "ux" in batch
@@ -374,7 +386,9 @@ def logit_stats(
     }
 
 
-def evaluate_row(model: Model, variables: PyTree, data_x, labels, table: RoleTable) -> dict:
+def evaluate_row(
+    model: Model, variables: PyTree, data_x: jax.Array, labels: jax.Array, table: RoleTable
+) -> dict:
     """Accuracy and loss of one model on one client's table row (idx [n_max], count []), and the
     `logit_stats` of its predictions."""
     logits, _ = model.apply(variables, data_x[table.idx])
@@ -392,7 +406,12 @@ def evaluate_row(model: Model, variables: PyTree, data_x, labels, table: RoleTab
 
 
 def evaluate_indices(
-    model: Model, variables: PyTree, data_x, labels, idx: jax.Array, batch: int
+    model: Model,
+    variables: PyTree,
+    data_x: jax.Array,
+    labels: jax.Array,
+    idx: jax.Array,
+    batch: int,
 ) -> dict:
     """One model on a server-side index set idx [M], in batches of `batch`.
 
@@ -434,7 +453,7 @@ def evaluate_indices(
     }
 
 
-def table_stats(each: dict, idx: jax.Array, table: RoleTable, labels, k: int) -> dict:
+def table_stats(each: dict, idx: jax.Array, table: RoleTable, labels: jax.Array, k: int) -> dict:
     """Per-client `logit_stats` [C, ...] of one model's per-example values `each` on the index set
     idx [M] (`evaluate_indices`' "each"), for client tables whose rows all lie in idx
     (fed.test_in_global): no second pass over the data."""

@@ -6,11 +6,13 @@ inspected, and the caller is expected to have checked it before tracing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 
 
 def concrete(value: Any) -> np.ndarray | None:
@@ -21,7 +23,9 @@ def concrete(value: Any) -> np.ndarray | None:
         return None
 
 
-def check_number(name: str, value: Any, ok, allowed: str) -> None:
+def check_number(
+    name: str, value: Any, ok: Callable[[np.ndarray], npt.ArrayLike], allowed: str
+) -> None:
     """Raise ValueError naming `name` when a concrete `value` fails `ok` (traced: no check)."""
     v = concrete(value)
     if v is not None and not bool(np.all(ok(v))):

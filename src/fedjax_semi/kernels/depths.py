@@ -114,7 +114,9 @@ def cluster_depths(
     return jnp.where(mask, depth_of[cluster], 0)
 
 
-def within_sse(t: jax.Array, mask: jax.Array, cluster: jax.Array, centroids: jax.Array):
+def within_sse(
+    t: jax.Array, mask: jax.Array, cluster: jax.Array, centroids: jax.Array
+) -> jax.Array:
     """Within-cluster sum of squared distances over the clients in mask -> float32 [].
 
     t [M], mask bool [M], cluster int [M], centroids [L]."""

@@ -43,6 +43,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy.typing as npt
 
 from fedjax_semi.results.ada_hetero import hetero
 from fedjax_semi.results.ada_runs import (
@@ -65,7 +66,9 @@ from fedjax_semi.systems.ada_cost import best_cell, run_cost
 # ----------------------------------------------------------------------------- Tables 4-6
 
 
-def alpha_intervals(time_min, traffic_gb) -> list[tuple[float, float, int]]:
+def alpha_intervals(
+    time_min: npt.ArrayLike, traffic_gb: npt.ArrayLike
+) -> list[tuple[float, float, int]]:
     """Tables 4-6: [(alpha_lo, alpha_hi, cell)] covering [0, 1], the cell of least
     alpha t + (1 - alpha) b (`ada_cost.best_cell`) on each interval, adjacent intervals with
     different cells. time_min, traffic_gb float [K], NaN where the target was not reached.

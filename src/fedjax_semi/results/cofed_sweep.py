@@ -29,6 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from fedjax_semi.config import Config
 from fedjax_semi.engine.loop import pseudo_label_accuracy
 from fedjax_semi.kernels import voting
 
@@ -37,7 +38,7 @@ METRICS = ("accuracy", "local_acc", "rel_acc", "rel_acc_min", "rel_acc_max", "im
 COUNTS = ("pl_sum_pk", "pl_union_pk", "pl_sum_ri")
 
 
-def compose(*overrides: str):
+def compose(*overrides: str) -> Config:
     """The config `fedjax-semi` would run with these overrides, the preset's tuned values
     (conf/tuned/<preset>.yaml) applied as the app applies them: the command line's keys win."""
     return compose_tuned(*overrides)[0]
@@ -67,7 +68,9 @@ def _host(tree) -> dict:
     return {k: np.asarray(v) for k, v in tree.items()}
 
 
-def in_space_scores(label: np.ndarray, index: np.ndarray, owns: np.ndarray, eval_y) -> dict:
+def in_space_scores(
+    label: np.ndarray, index: np.ndarray, owns: np.ndarray, eval_y: jax.Array
+) -> dict:
     """R_i's labels [C, M] (-1 = not kept) scored where the hidden class lies in the receiving
     participant's label space (the only rows that can be right: a public sample of a class
     outside Y_i gets one of Y_i's labels), and the share of R_i that lies there."""

@@ -17,6 +17,7 @@ cell (`collapse: n/a`) instead of passing silently.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 from collections.abc import Callable
@@ -62,7 +63,7 @@ class Gates:
 FLAGS = ("--gate-chance-margin", "--gate-collapse", "--gate-local-margin")
 
 
-def add_gate_flags(ap) -> None:
+def add_gate_flags(ap: argparse.ArgumentParser) -> None:
     """The gates' flags on an argparse parser (fedjax-semi-report, gates_rows); the values stay
     text until `gates_from_args` checks them."""
     ap.add_argument(
@@ -93,7 +94,7 @@ def add_gate_flags(ap) -> None:
     )
 
 
-def gates_from_args(args) -> Gates | None:
+def gates_from_args(args: argparse.Namespace) -> Gates | None:
     """The checked thresholds of `add_gate_flags`' flags (None with --no-gates); ValueError
     naming the first bad flag as typed."""
     if args.no_gates:

@@ -22,6 +22,7 @@ import numpy as np
 from fedjax_semi import compile_cache
 from fedjax_semi.engine import distributed
 from fedjax_semi.engine.loop import Hook, Rows, Run, StopRules
+from fedjax_semi.engine.simulate import Runner
 from fedjax_semi.results.rundir import MetricsLog, environment, jsonable, plot_curves
 
 
@@ -186,7 +187,7 @@ class Summaries(Hook):
         out_dir: Path,
         alg_name: str,
         title: str,
-        runner,
+        runner: Runner,
         stop: StopRules,
         primary: bool = True,
         mechanism: Sequence[str] = (),

@@ -79,7 +79,7 @@ def mean_bandwidth_mbps(sys: Tx2System, num_clients: int) -> jax.Array:
     return jnp.asarray(sys.group_bw_mbps, jnp.float32)[group]
 
 
-def bandwidth_mbps(sys: Tx2System, key: jax.Array, rnd: jax.Array, num_clients: int):
+def bandwidth_mbps(sys: Tx2System, key: jax.Array, rnd: jax.Array, num_clients: int) -> jax.Array:
     """Each client's bandwidth in round rnd, MB/s float32 [M] (mean: its group's)."""
     z = jax.random.normal(round_key(key, TX2_BANDWIDTH, rnd), (num_clients,))
     factor = jnp.exp(sys.bw_sigma * z - 0.5 * sys.bw_sigma**2)
