@@ -198,6 +198,18 @@ def corrupt_server_labels(fed, name: str, visible: bool):
     return dataclasses.replace(fed, y=new(fed.y) if visible else fed.y, eval_y=new(fed.eval_y))
 
 
+def corrupt_hidden_labels(fed):
+    """Shift every label training must not see by one class: every row whose visible label is
+    -1 (the clients' unlabeled data, the test splits, server pools, rows of no role)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    y, hidden = np.asarray(fed.eval_y).copy(), np.asarray(fed.y) < 0
+    assert hidden.any(), "no hidden label to corrupt: the check could not fail"
+    y[hidden] = (y[hidden] + 1) % fed.num_classes
+    return fed.with_hidden_labels(jnp.asarray(y))
+
+
 def client_of(tree, c: int):
     """Client c's slice of a pytree stacked over clients (leading axis)."""
     import jax

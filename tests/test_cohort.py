@@ -60,5 +60,7 @@ def test_auto_keeps_the_permutation_draw_up_to_the_threshold():
     np.testing.assert_array_equal(select_cohort(key, 4, 1000, size), np.sort(perm))
     floyd = select_cohort(key, 4, 5000, size, "floyd")
     assert np.all(np.diff(np.asarray(floyd)) > 0)  # sorted and distinct
+    want = np.sort(np.asarray(floyd_sample(round_key(key, SELECT, 4), 5000, size)))
+    np.testing.assert_array_equal(floyd, want)  # Floyd's draw, not the permutation's
     with pytest.raises(ValueError, match="cohort sampler"):
         select_cohort(key, 4, 50, 5, "reservoir")

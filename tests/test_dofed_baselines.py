@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import client_of, compose_config, swapped_data
+from conftest import client_of, compose_config, corrupt_hidden_labels, swapped_data
 from dofed_references import np_softmax
 from dofed_setups import (
     BATCH,
@@ -145,13 +145,11 @@ def test_predict_labels_matches_a_loop(fomo):
 # ----------------------------------------------------------------------------- engine
 
 
-# FedAvg's and Local's clients train through the FedAvg family's client_update, whose mappings
-# test_equivalence.py compares in the fast suite (their DoFed-SPP clock and labels are computed
-# after the mapping, on the server); here they and FedBE are mapped in make test-slow, FedFomo
-# (a round of its own, as FedBE's) in make test. All four keep their fast checks below (hidden
-# labels, clock, labels) on the chunk=1 fixtures.
-# Every baseline's mapping check in make test-slow, like DoFed-SPP's own (the fast suite must
-# stay under 12 minutes); each keeps its fast hidden-label check in test_isolation.py.
+# FedAvg's and Local's clients train through the FedAvg family's client_update, whose FedAvg
+# mappings test_equivalence.py compares in the fast suite (their DoFed-SPP clock and labels are
+# computed after the mapping, on the server). All four baselines' mapping checks are here, in
+# make test-slow like DoFed-SPP's own (the fast suite must stay under 12 minutes); each keeps
+# its fast checks below (hidden labels, clock, labels) on the chunk=1 fixtures.
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ALL)
 def test_chunk_all_and_reference_equal_chunk_one(runs, name):
@@ -179,22 +177,12 @@ def test_chunk_all_and_reference_equal_chunk_one(runs, name):
                 np.testing.assert_allclose(a[key], b[key], atol=1e-4, err_msg=key)
 
 
-def corrupt_hidden(fed):
-    """Shift every label training must not see (unlabeled target and test) by one class."""
-    y = np.asarray(fed.eval_y).copy()
-    for role in ("target_unlabeled", "test"):
-        t = fed.roles[role]
-        idx = np.asarray(t.idx)[np.asarray(t.mask)]
-        y[idx] = (y[idx] + 1) % fed.num_classes
-    return fed.with_hidden_labels(jnp.asarray(y))
-
-
 @pytest.mark.parametrize("name", ALL)
 def test_hidden_labels_change_nothing(runs, name):
     """Corrupting the hidden labels leaves the whole state bit-identical; only the scores move
     (FedBE's pool overlaps the clients' D_unl, and its pseudo-labels stay the same too)."""
     exp, runner, states, rows, evals = runs(name)
-    bad = corrupt_hidden(exp.fed)
+    bad = corrupt_hidden_labels(exp.fed)
     with swapped_data(runner, bad):
         o_states, o_rows, o_evals = run(runner)
     for s, o in zip(states, o_states, strict=True):

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compose_config, swapped_data
+from conftest import compose_config, corrupt_hidden_labels, swapped_data
 from dofed_setups import (
     BATCH,
     ROLES,
@@ -82,22 +82,12 @@ def test_vectorized_equals_reference_loop(tiny, backend):
     np.testing.assert_allclose(acc["cls_acc_on_unl"], evals[-1]["cls_acc_on_unl"], atol=1e-4)
 
 
-def corrupt_hidden(fed):
-    """Shift every label training must not see (unlabeled target and test) by one class."""
-    y = np.asarray(fed.eval_y).copy()
-    for role in ("target_unlabeled", "test"):
-        t = fed.roles[role]
-        idx = np.asarray(t.idx)[np.asarray(t.mask)]
-        y[idx] = (y[idx] + 1) % fed.num_classes
-    return fed.with_hidden_labels(jnp.asarray(y))
-
-
 def test_hidden_labels_change_nothing(tiny_runner, tiny):
     """Corrupting y_u_true and y_te leaves every parameter, SR and selection bit-identical; only
     the reported accuracies change (so this check can fail)."""
     exp, runner = tiny_runner
     _, states, rows, evals = tiny
-    bad = corrupt_hidden(exp.fed)
+    bad = corrupt_hidden_labels(exp.fed)
     with swapped_data(runner, bad):
         other_states, other_rows = run(runner, ROUNDS)
         bad_eval = jax.device_get(runner.evaluate(other_states[-1]))

@@ -308,6 +308,8 @@ def test_padding_does_not_change_training(name):
             jax.random.PRNGKey(3), jax.random.PRNGKey(4),
         )  # fmt: skip
         results.append(new)
+    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), results[0], variables)
+    assert max(jax.tree.leaves(moved)) > 1e-3  # it trained: equal results are not three no-ops
     for other in results[1:]:
         for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(other), strict=True):
             np.testing.assert_allclose(a, b, atol=1e-5)

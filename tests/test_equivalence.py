@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compose_config, swapped_data
+from conftest import compose_config, corrupt_hidden_labels, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.algorithms import algorithm_names
-from test_isolation import OWN_RUNS, corrupt_unlabeled
+from test_isolation import OWN_RUNS, SLOW_HERE
 
 # Knobs that make each algorithm exercise its own path within a few rounds.
 EXTRA = {
@@ -59,8 +59,9 @@ OWN_EQUIVALENCE_TESTS = (
 MAPPED = [n for n in algorithm_names() if n not in OWN_EQUIVALENCE_TESTS]
 
 # The FedAvg family is one mechanism with knobs, and each member compiles three backends (about
-# 10-40 s each): the fast suite maps one member per distinct path through the round, and make
-# test-slow maps the rest. fedavg: the plain round (and a chunk that does not divide the cohort).
+# 10-40 s each): the fast suite maps fedavg only (the plain round, and a chunk that does not
+# divide the cohort: the engine's mappers, which the other methods' rounds run through), and make
+# test-slow maps every other member.
 # fixavg (the pseudo-label loss with FixMatch's augmentations), fedavg_pl, pfedme (its own client
 # step) and lg_fedavg/fedper (personal leaves kept per client) are mapped in make test-slow; the
 # members mapped only there keep their fast hidden-label check in test_isolation.py.
@@ -99,7 +100,7 @@ def test_chunk_and_reference_agree(name):
     # Hidden labels stay hidden: the same compiled chunk=1 programs, on data whose hidden labels
     # are corrupted, train to a bit-identical state (test_isolation.py: the other methods).
     runner = backends["chunk=1"]
-    with swapped_data(runner, corrupt_unlabeled(exp.fed)):
+    with swapped_data(runner, corrupt_hidden_labels(exp.fed)):
         _, corrupted = run_rounds(exp, runner, 3)
     for x, y in zip(
         jax.tree.leaves(corrupted), jax.tree.leaves(results["chunk=1"][1]), strict=True
@@ -108,18 +109,28 @@ def test_chunk_and_reference_agree(name):
 
 
 def test_every_method_has_a_hidden_label_check():
-    """Each method that may not read hidden labels is checked in the fast suite: here (the
-    members mapped in the fast suite), in test_isolation.py or in its own file (UM-pFSSL;
-    CoFED and Personalized FedAvg in test_cofed.py, FedMD in test_fedmd.py, CFSL and HFSL in
-    test_cfsl.py, Ada-FedSemi, FedSemi and FedAvg-P in test_ada_fedsemi.py, HeteroAda-FedSemi
-    and Semi-HFL in test_hetero_ada.py)."""
+    """Each method that may not read hidden labels is checked: here (the members mapped in the
+    fast suite), in test_isolation.py or in its own file (UM-pFSSL; CoFED and Personalized
+    FedAvg in test_cofed.py, FedMD in test_fedmd.py, CFSL and HFSL in test_cfsl.py, Ada-FedSemi,
+    FedSemi and FedAvg-P in test_ada_fedsemi.py, HeteroAda-FedSemi and Semi-HFL in
+    test_hetero_ada.py); in the fast suite except those of `ELSEWHERE`."""
     assert set(FAST_MAPPED) | set(ORACLES) <= set(MAPPED)
     # SCAFFOLD in test_scaffold.py; FedOpt in test_fedopt.py (its names share one client update).
     scaffold_fedopt = {"scaffold", "fedopt", "fedadam", "fedyogi", "fedadagrad"}
     own_files = {"um_pfssl", "cofed", "pfedavg", "fedmd", "cfsl", "hfsl", *ADA, *scaffold_fedopt}
-    checked_fast = set(FAST_MAPPED) | set(OWN_RUNS) | own_files
-    assert set(algorithm_names()) - set(ORACLES) == checked_fast, "a method without a check"
-    assert not set(ORACLES) & checked_fast  # an oracle reads them: its check would fail
+    checked = set(FAST_MAPPED) | set(OWN_RUNS) | own_files
+    assert set(algorithm_names()) - set(ORACLES) == checked, "a method without a check"
+    assert not set(ORACLES) & checked  # an oracle reads them: its check would fail
+    # Checked in make test-slow only: each of these names where the fast suite checks the same.
+    assert set(SLOW_HERE) | {"fedavg_p"} == set(ELSEWHERE)
+
+
+# The methods whose own hidden-label check is in make test-slow, and where the fast suite checks
+# the same: FedBE, FedFomo and Local on DoFed-SPP's partition (test_dofed_baselines.py); FixProx's
+# client loss is FixAvg's plus FedProx's proximal term, both checked in test_isolation.py;
+# FedAvg-P is Ada-FedSemi's client round with the server's training off (test_ada_fedsemi.py
+# checks Ada-FedSemi's).
+ELSEWHERE = ("fedbe", "fedfomo", "local", "fixprox", "fedavg_p")
 
 
 def test_pseudo_labels_are_used():

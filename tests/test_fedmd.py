@@ -106,7 +106,7 @@ def test_consensus_is_the_mean_and_the_uplink_is_counted(exp, ran):
     assert not np.allclose(np.asarray(new.s), np.asarray(state.s))
 
 
-@pytest.mark.slow  # 30 s; the grouped mapping against the loop stays in make test via CoFED's
+@pytest.mark.slow  # 30 s; CoFED's grouped mapping check is in make test-slow too
 def test_grouped_program_equals_reference_loop(exp, ran):
     """One vmap per group and the reference loop (one jitted call per participant) agree.
     atol: logits of O(1-10) after ~30 Adam steps, float32 reassociation under vmap."""

@@ -10,13 +10,12 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import compose_config, swapped_data
+from conftest import compose_config, corrupt_hidden_labels, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.algorithms.fedopt import FedOptUpload
 from fedjax_semi.config import ConfigError
 from fedjax_semi.engine import aggregate
 from fedjax_semi.engine.aggregate import ServerMoments
-from test_isolation import corrupt_unlabeled
 
 # The logistic regression of test_scaffold.py (the same compiled FedAvg round).
 TINY = ("model.hidden=[]", "hardware.chunk=1", "algorithm.lr=0.1")
@@ -52,7 +51,7 @@ def test_sgd_with_server_lr_1_is_fedavg(sgd):
 
 def test_training_ignores_hidden_labels(sgd):
     exp, runner, (want, _) = sgd
-    with swapped_data(runner, corrupt_unlabeled(exp.fed)):  # the same programs, other labels
+    with swapped_data(runner, corrupt_hidden_labels(exp.fed)):  # the same programs, other labels
         got, _ = run(runner)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(a, b)

@@ -81,9 +81,10 @@ def test_worked_example_matches_spec_table_and_numpy_reference():
     h2, costs, rc = worked_example()
     got = {k: float(v[0]) for k, v in costs.items()}
     got["h2"] = float(h2[0])
-    got["snr"] = float(h2[0]) * 0.1 / N0
     got["t_cld"], got["e_cld"] = float(rc["T_cld"][0]), float(rc["E_cld"][0])
     for name, value in ref.items():
+        if name == "snr":  # the kernel reports no SNR: its rate (compared here) is a log of it
+            continue
         np.testing.assert_allclose(got[name], value, rtol=RTOL, err_msg=name)
     assert got["latency"] == pytest.approx(ref["t_cmp"] + ref["t_com"], rel=RTOL)
     assert got["energy"] == pytest.approx(ref["e_cmp"] + ref["e_com"], rel=RTOL)

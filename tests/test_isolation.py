@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compose_config, swapped_data
+from conftest import compose_config, corrupt_hidden_labels, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.engine.simulate import Runner
 
@@ -27,15 +27,6 @@ def train_state(runner, rounds=3):
     for _ in range(rounds):
         state, _ = runner.round(state)
     return state
-
-
-def corrupt_unlabeled(fed):
-    """Shift every label that training must not see by one class."""
-    t = fed.roles["unlabeled"]
-    idx = np.asarray(t.idx)[np.asarray(t.mask)]
-    y = np.asarray(fed.eval_y).copy()
-    y[idx] = (y[idx] + 1) % fed.num_classes
-    return fed.with_hidden_labels(jnp.asarray(y))
 
 
 # um_pfssl: tests/test_um_pfssl.py::test_hidden_labels_change_nothing; the methods whose
@@ -63,7 +54,7 @@ def test_training_ignores_hidden_labels(name):
     exp = experiment.build(compose_config(f"algorithm={name}", *EXTRA.get(name, [])))
     runner = Runner(exp.alg, exp.fed, chunk=4)
     a = train_state(runner)
-    with swapped_data(runner, corrupt_unlabeled(exp.fed)):  # the same programs, other labels
+    with swapped_data(runner, corrupt_hidden_labels(exp.fed)):  # the same programs, other labels
         b = train_state(runner)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(x, y)
@@ -74,7 +65,7 @@ def test_the_oracle_does_read_them():
     exp = experiment.build(compose_config("algorithm=fedavg_sl"))
     runner = Runner(exp.alg, exp.fed, chunk=4)
     a = train_state(runner)
-    with swapped_data(runner, corrupt_unlabeled(exp.fed)):
+    with swapped_data(runner, corrupt_hidden_labels(exp.fed)):
         b = train_state(runner)
     diffs = [
         float(jnp.abs(x - y).max())

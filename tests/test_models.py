@@ -99,6 +99,9 @@ def test_lax_conv_and_its_gradient_match_numpy_and_autodiff(k: int, padding: str
     # of order 1e-5 absolute, and entries can be near zero, hence atol.
     for got, want in ((y, ny), (dx, ndx), (dk, ndk)):
         np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
+    # The forward against XLA's own convolution too: its padding comes from the string, not from
+    # _conv_pads (which the NumPy reference shares).
+    np.testing.assert_allclose(y, autodiff_conv(x, kernel), atol=2e-5, rtol=1e-5)
     np.testing.assert_allclose(dx, ax, atol=2e-5, rtol=1e-5)
     np.testing.assert_allclose(dk, ak, atol=2e-5, rtol=1e-5)
 

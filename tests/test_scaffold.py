@@ -8,13 +8,12 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import compose_config, run_rounds, swapped_data
+from conftest import compose_config, corrupt_hidden_labels, run_rounds, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.config import ConfigError
 from fedjax_semi.engine.keys import SAMPLE, client_key
 from fedjax_semi.engine.train import batch_positions
 from fedjax_semi.results.rundir import Checkpointer
-from test_isolation import corrupt_unlabeled
 
 # Logistic regression (an MLP without hidden layers) on digits, every client mapped on its own:
 # the same compiled round serves the tests below and the resumed runs.
@@ -148,7 +147,7 @@ def test_chunk_and_reference_agree(exp, chunk1):
 
 def test_training_ignores_hidden_labels(exp, chunk1):
     runner, want, _ = chunk1
-    with swapped_data(runner, corrupt_unlabeled(exp.fed)):  # the same programs, other labels
+    with swapped_data(runner, corrupt_hidden_labels(exp.fed)):  # the same programs, other labels
         got, _ = run(runner)
     for a, b in zip(jax.tree.leaves(got[-1]), jax.tree.leaves(want[-1]), strict=True):
         np.testing.assert_array_equal(a, b)

@@ -174,10 +174,18 @@ def test_paper_partitions_run_end_to_end(partition, tmp_path):
     )  # fmt: skip
     exp = experiment.build(cfg)
     summary = experiment.run(exp, tmp_path)
-    assert summary["rounds_completed"] == 1 and summary["final"]["accuracy"] is not None
-    if partition == "cfsl":  # the second cluster sees permuted labels
-        lm = exp.partition.assignments["label_map"]
+    final = summary["final"]
+    assert summary["rounds_completed"] == 1 and 0.0 <= final["accuracy"] <= 1.0
+    assert np.isfinite(final["train_loss"]) and final["local_steps"] > 0
+    if partition == "cfsl":  # the second cluster sees permuted labels, in the data it trains on
+        lm = np.asarray(exp.partition.assignments["label_map"])
         assert (lm != lm[0]).any()
+        raw = np.concatenate([exp.dataset.y_train, exp.dataset.y_test])
+        for role in ("train", "test"):
+            t = exp.fed.roles[role]
+            for c in range(exp.fed.num_clients):
+                rows = np.asarray(t.idx[c])[: int(t.count[c])]
+                np.testing.assert_array_equal(np.asarray(exp.fed.eval_y)[rows], lm[c][raw[rows]])
 
 
 def test_cross_dataset_server_pool(tmp_path):

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import compose_config, swapped_data
+from conftest import compose_config, corrupt_hidden_labels, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.config import ConfigError
 from um_pfssl_tiny import ROUNDS, TINY, rounds
@@ -86,13 +86,14 @@ def test_warmup_trains_every_client(tiny):
     assert max(moved) > 0
 
 
-# Each round flag combination is its own compiled program: the fast suite maps the warm-up and
-# rounds 1-2 (REPLACE; REPLACE + REFRESH: every piece of the round), make test-slow all four
-# rounds (round 4: REFRESH alone).
+# Each round flag combination is its own compiled program (about 10-20 s each, three mappings):
+# make test-slow maps the warm-up and rounds 1-2 (REPLACE; REPLACE + REFRESH: every piece of the
+# round), then all four rounds (round 4: REFRESH alone). The fast suite's mapping check is
+# FedAvg's (test_equivalence.py), on the engine's mappers that UM-pFSSL's round runs through.
 @pytest.mark.parametrize(
     "backend, n",
     [
-        pytest.param("reference", 2, marks=pytest.mark.slow),  # all four: make test-slow
+        pytest.param("reference", 2, marks=pytest.mark.slow),
         pytest.param("all", 2, marks=pytest.mark.slow),
         pytest.param("reference", ROUNDS, marks=pytest.mark.slow),
         pytest.param("all", ROUNDS, marks=pytest.mark.slow),
@@ -130,7 +131,7 @@ KNOBS = [
 
 
 # Every non-default knob compiles its own four round variants three times: a long check (make
-# test-slow); the default knobs' mappings agree in the fast suite (test_vectorized_equals_...).
+# test-slow, as the default knobs' test_vectorized_equals_reference_loop).
 @pytest.mark.slow
 def test_every_knob_vectorized_equals_reference_loop():
     """All knobs on: chunk=1 == reference loop. search_schedule=per_client_participations: a
@@ -247,11 +248,10 @@ def test_helper_label_diagnostics(tiny):
 
 def test_hidden_labels_change_nothing(tiny_runner, tiny):
     """Corrupting the true labels of unlabeled data leaves every training result unchanged."""
-    from test_isolation import corrupt_unlabeled
 
     exp, runner = tiny_runner
     _, states, _ = tiny
-    with swapped_data(runner, corrupt_unlabeled(exp.fed)):  # same compiled round, other data
+    with swapped_data(runner, corrupt_hidden_labels(exp.fed)):  # same compiled round, other data
         corrupted, _ = rounds(runner, ROUNDS)
     for a, b in zip(jax.tree.leaves(states[-1]), jax.tree.leaves(corrupted[-1]), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -179,11 +179,20 @@ def test_blockwise_mc_matches_whole_rows_and_ignores_padding():
     # values near 0, rtol for the entropies near log 4 (a few float32 ulps).
     np.testing.assert_allclose(p, ref_p, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(h, ref_h, rtol=1e-5, atol=1e-6)
-    # Padding the row (same block size) leaves the valid rows unchanged; padded rows are 0.
+    # Padding the row (same block size) leaves the valid rows unchanged; the blocks past the
+    # data (rows 20-39, and 40-44 with the last block's padding) are skipped: 0.
     padded = jnp.concatenate([idx, jnp.zeros(25, jnp.int32)])
     p2, h2 = mc_predict_rows(model, v, x, padded, jnp.int32(20), key, 3, block=20)
     np.testing.assert_allclose(p2[:20], p, rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(np.asarray(p2)[40:], 0.0)
+    np.testing.assert_allclose(h2[:20], h, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(p2)[20:], 0.0)
+    np.testing.assert_array_equal(np.asarray(h2)[20:], 0.0)
+    # A partly filled block (13 valid rows) is computed whole: its valid rows are those of the
+    # full block (same rows, key and shape), the rows after it are skipped.
+    p3, h3 = mc_predict_rows(model, v, x, padded, jnp.int32(13), key, 3, block=20)
+    np.testing.assert_allclose(p3[:13], p[:13], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(h3[:13], h[:13], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(p3)[20:], 0.0)
 
 
 def test_mc_bn_mode_batch():

@@ -132,8 +132,9 @@ def mc_predict_rows(
     """mc_predict over one client's padded index row idx [N] (count valid), block by block.
 
     Blocks past the client's data are skipped when the client is mapped on its own (under
-    vmap both branches of the cond run); padded rows give p_bar 0 and entropy 0. Block b uses
-    key fold_in(key, b), so results depend on the block size but not on the padding.
+    vmap both branches of the cond run) and give p_bar 0 and entropy 0; the padded rows of the
+    last, partly filled block are computed like any row (callers mask them by count). Block b
+    uses key fold_in(key, b), so results depend on the block size but not on the padding.
     bn_mode "batch": BatchNorm's batch is the block's valid rows (of at most `block`).
     """
     chex.assert_rank([idx, count], [1, 0])
