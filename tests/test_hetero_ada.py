@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compose_config, corrupt_server_labels, swapped_data
+from conftest import compose_config, corrupt_hidden_labels, corrupt_server_labels, swapped_data
 from conftest import run_rounds as run
 from fedjax_semi import experiment
 from fedjax_semi.algorithms.hetero_ada import DepthTable, ExitsObjective
@@ -251,6 +251,22 @@ def test_hidden_pool_labels_change_only_the_pseudo_label_accuracy(name, request)
     # predicts one class scores that class's share under both labelings).
     hits = [label == np.asarray(f.eval_y)[index] for f in (exp.fed, bad_fed)]
     assert not np.array_equal(*hits)
+
+
+# Both agents on (the defaults): a program of its own, make test-slow; the fast suite checks
+# the agents' path on Ada-FedSemi (test_ada_fedsemi.py) and HeteroAda's round with them off.
+@pytest.mark.slow
+def test_adaptive_agents_never_read_hidden_labels():
+    """HeteroAda-FedSemi with its P and C agents on and every hidden label corrupted (the
+    pool's, the clients', the test splits'): every state and round metric stays."""
+    exp = experiment.build(compose_config(*BASE))
+    assert exp.cfg.algorithm.adaptive_p and exp.cfg.algorithm.adaptive_c
+    runner = exp.runner(chunk=1, eval_chunk=1)
+    states, rows = run(runner, 3, evaluate=False)
+    with swapped_data(runner, corrupt_hidden_labels(exp.fed)) as r:
+        bad_states, bad_rows = run(r, 3, r.alg.init(jax.random.PRNGKey(0), r.fed), False)
+    chex.assert_trees_all_equal(states, bad_states)
+    chex.assert_trees_all_equal(rows, bad_rows)
 
 
 def test_validation_set_never_trains(hetero, hetero_runner, hetero_rows):
