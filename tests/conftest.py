@@ -200,12 +200,18 @@ def corrupt_server_labels(fed, name: str, visible: bool):
 
 def corrupt_hidden_labels(fed):
     """Shift every label training must not see by one class: every row whose visible label is
-    -1 (the clients' unlabeled data, the test splits, server pools, rows of no role)."""
+    -1 (the clients' unlabeled data, the test splits, server pools, rows of no role) and whose
+    true label is known (eval_y -1, e.g. a second dataset's pool, stays unknown)."""
     import jax.numpy as jnp
     import numpy as np
 
-    y, hidden = np.asarray(fed.eval_y).copy(), np.asarray(fed.y) < 0
-    assert hidden.any(), "no hidden label to corrupt: the check could not fail"
+    y = np.asarray(fed.eval_y).copy()
+    hidden = (np.asarray(fed.y) < 0) & (y >= 0)
+    test_rows = np.zeros_like(hidden)  # a corrupted row outside the test splits, or no check
+    if "test" in fed.roles:
+        t = fed.roles["test"]
+        test_rows[np.asarray(t.idx)[np.asarray(t.mask)]] = True
+    assert (hidden & ~test_rows).any(), "no hidden label training could read: no check"
     y[hidden] = (y[hidden] + 1) % fed.num_classes
     return fed.with_hidden_labels(jnp.asarray(y))
 

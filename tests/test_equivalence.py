@@ -12,6 +12,7 @@ import pytest
 from conftest import compose_config, corrupt_hidden_labels, swapped_data
 from fedjax_semi import experiment
 from fedjax_semi.algorithms import algorithm_names
+from test_ada_fedsemi import SLOW_HIDDEN_LABEL_CHECKS
 from test_isolation import OWN_RUNS, SLOW_HERE
 
 # Knobs that make each algorithm exercise its own path within a few rounds.
@@ -122,7 +123,7 @@ def test_every_method_has_a_hidden_label_check():
     assert set(algorithm_names()) - set(ORACLES) == checked, "a method without a check"
     assert not set(ORACLES) & checked  # an oracle reads them: its check would fail
     # Checked in make test-slow only: each of these names where the fast suite checks the same.
-    assert set(SLOW_HERE) | {"fedavg_p"} == set(ELSEWHERE)
+    assert set(SLOW_HERE) | set(SLOW_HIDDEN_LABEL_CHECKS) == set(ELSEWHERE)
 
 
 # The methods whose own hidden-label check is in make test-slow, and where the fast suite checks

@@ -264,7 +264,7 @@ def test_adaptive_agents_never_read_hidden_labels():
     runner = exp.runner(chunk=1, eval_chunk=1)
     states, rows = run(runner, 3, evaluate=False)
     with swapped_data(runner, corrupt_hidden_labels(exp.fed)) as r:
-        bad_states, bad_rows = run(r, 3, r.alg.init(jax.random.PRNGKey(0), r.fed), False)
+        bad_states, bad_rows = run(r, 3, evaluate=False)
     chex.assert_trees_all_equal(states, bad_states)
     chex.assert_trees_all_equal(rows, bad_rows)
 

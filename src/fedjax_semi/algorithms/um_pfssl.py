@@ -341,7 +341,7 @@ class UMPFSSL(FedAvgFamily):
         purpose: int,
         inp: UMClient,
         shared: RoundShared,
-        mu: jax.Array,
+        mu: float | jax.Array,
     ) -> dict:
         """pair_stats of G models [G, P] (ids [G]) on this client's data, vmapped over G."""
         c, k, t = self.cfg, inp.id, shared.round
@@ -362,7 +362,7 @@ class UMPFSSL(FedAvgFamily):
         self,
         inp: UMClient,
         shared: RoundShared,
-        mu: jax.Array,
+        mu: float | jax.Array,
         lists: tuple[jax.Array, PyTree, jax.Array],
     ) -> tuple[jax.Array, PyTree, jax.Array, jax.Array]:
         """Alg. 2 REPLACEHELPER: keep the best R of the R worst incumbents and R random
@@ -409,7 +409,7 @@ class UMPFSSL(FedAvgFamily):
         shared: RoundShared,
         y_hat: jax.Array,
         keep: jax.Array,
-        mu: jax.Array,
+        mu: float | jax.Array,
     ) -> tuple[PyTree, dict]:
         """g. TRAIN (Alg. 1 l.18-20): `um_pfssl_train.train_personal` with this method's loss,
         optimizer and schedule."""

@@ -15,15 +15,17 @@ import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fedjax_semi import compile_cache
 from fedjax_semi.engine import distributed
 from fedjax_semi.engine.loop import Hook, Rows, Run, StopRules
-from fedjax_semi.engine.simulate import Runner
 from fedjax_semi.results.rundir import MetricsLog, environment, jsonable, plot_curves
+
+if TYPE_CHECKING:  # for the annotation only: the hooks take any runner (engine/loop.py)
+    from fedjax_semi.engine.simulate import Runner
 
 
 class JsonLines(Hook):
