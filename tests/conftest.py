@@ -78,6 +78,18 @@ def pytest_configure(config) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+# The hidden-label ledger (test_equivalence.py::test_every_method_has_a_hidden_label_check):
+# each test marked `hidden_labels(*methods)` checks that those methods' training reads no hidden
+# label. Filled at collection, before `-m` deselects: method -> [(node id, in make test-slow)].
+HIDDEN_LABEL_CHECKS: dict[str, list[tuple[str, bool]]] = {}
+COLLECTED_FILES: set[str] = set()
+
+
+def pytest_collectstart(collector) -> None:
+    if isinstance(collector, pytest.Module):  # also a module that skips itself at import
+        COLLECTED_FILES.add(collector.path.name)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """The kernels' NumPy-reference properties run jitted in the fast suite and op by op too in
     make test-slow (chex's `without_jit` variant): op by op, each Hypothesis example of a new
@@ -86,6 +98,10 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if item.name.endswith("__without_jit"):
             item.add_marker(pytest.mark.slow)
+        slow = item.get_closest_marker("slow") is not None
+        for mark in item.iter_markers("hidden_labels"):
+            for method in mark.args:
+                HIDDEN_LABEL_CHECKS.setdefault(method, []).append((item.nodeid, slow))
 
 
 def pytest_unconfigure(config) -> None:

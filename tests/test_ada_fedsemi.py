@@ -177,16 +177,14 @@ def fedavg_p():
     return build("algorithm=fedavg_p", "algorithm.fixed_p=0.5")
 
 
-# FedAvg-P compiles a program of its own (20 s on a shared core): make test-slow (see
-# test_equivalence.ELSEWHERE, which reads this).
-SLOW_HIDDEN_LABEL_CHECKS = ("fedavg_p",)
-
-
+# FedAvg-P compiles a program of its own (20 s on a shared core): make test-slow (the fast
+# suite checks Ada-FedSemi's client round: test_equivalence.FAST_STAND_INS).
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(n, marks=pytest.mark.slow) if n in SLOW_HIDDEN_LABEL_CHECKS else n
-        for n in ("fixed", "ada", "fedavg_p")
+        pytest.param("fixed", marks=pytest.mark.hidden_labels("fedsemi")),
+        pytest.param("ada", marks=pytest.mark.hidden_labels("ada_fedsemi")),
+        pytest.param("fedavg_p", marks=[pytest.mark.hidden_labels("fedavg_p"), pytest.mark.slow]),
     ],
 )
 def test_hidden_labels_change_only_the_pseudo_label_accuracy(name, request):

@@ -132,6 +132,7 @@ def test_grouped_program_equals_reference_loop(exp, ran):
         )
 
 
+@pytest.mark.hidden_labels("cofed")
 def test_hidden_labels_never_reach_training(exp, ran):
     _, new, metrics, _ = ran
     rng = np.random.default_rng(0)
@@ -238,6 +239,7 @@ def test_noniid_draws_from_one_or_two_subclusters():
     assert np.asarray(exp.fed.eval_y)[pub].max() < 10
 
 
+@pytest.mark.hidden_labels("pfedavg")
 def test_pfedavg_personalizes_inside_label_spaces():
     exp = experiment.build(
         compose_config(

@@ -177,7 +177,7 @@ def test_chunk_all_and_reference_equal_chunk_one(runs, name):
                 np.testing.assert_allclose(a[key], b[key], atol=1e-4, err_msg=key)
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.hidden_labels(n)) for n in ALL])
 def test_hidden_labels_change_nothing(runs, name):
     """Corrupting the hidden labels leaves the whole state bit-identical; only the scores move
     (FedBE's pool overlaps the clients' D_unl, and its pseudo-labels stay the same too)."""

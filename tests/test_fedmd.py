@@ -118,6 +118,7 @@ def test_grouped_program_equals_reference_loop(exp, ran):
     )
 
 
+@pytest.mark.hidden_labels("fedmd")
 def test_hidden_labels_never_reach_training(exp, ran):
     """Corrupting every true label (the pool's visible ones stay) changes no model."""
     _, new, _, _ = ran

@@ -42,13 +42,20 @@ OWN_RUNS = (
 # fedbe, fedfomo and local: make test-slow here (the fast suite must stay under 12 minutes); the
 # fast suite checks the same three on DoFed-SPP's partition, their paper's setting
 # (test_dofed_baselines.py::test_hidden_labels_change_nothing). fixprox too: its client loss is
-# fixavg's plus fedprox's proximal term, both checked here in the fast suite.
+# fixavg's plus fedprox's proximal term, both checked here in the fast suite
+# (test_equivalence.FAST_STAND_INS).
 SLOW_HERE = ("fedbe", "fedfomo", "local", "fixprox")
 
 
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_HERE else n for n in OWN_RUNS],
+    [
+        pytest.param(
+            n,
+            marks=[pytest.mark.hidden_labels(n)] + ([pytest.mark.slow] if n in SLOW_HERE else []),
+        )
+        for n in OWN_RUNS
+    ],
 )
 def test_training_ignores_hidden_labels(name):
     exp = experiment.build(compose_config(f"algorithm={name}", *EXTRA.get(name, [])))

@@ -145,6 +145,7 @@ def test_chunk_and_reference_agree(exp, chunk1):
             np.testing.assert_allclose(a, b, atol=1e-5, err_msg=label)
 
 
+@pytest.mark.hidden_labels("scaffold")
 def test_training_ignores_hidden_labels(exp, chunk1):
     runner, want, _ = chunk1
     with swapped_data(runner, corrupt_hidden_labels(exp.fed)):  # the same programs, other labels

@@ -246,6 +246,7 @@ def test_helper_label_diagnostics(tiny):
         assert acc[0] <= acc[1]
 
 
+@pytest.mark.hidden_labels("um_pfssl")
 def test_hidden_labels_change_nothing(tiny_runner, tiny):
     """Corrupting the true labels of unlabeled data leaves every training result unchanged."""
 
