@@ -66,6 +66,7 @@ from fedjax_semi.engine.keys import (
     client_key,
     round_key,
 )
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.engine.train import (
     Schedule,
     evaluate_indices,
@@ -78,8 +79,6 @@ from fedjax_semi.errors import bad
 from fedjax_semi.kernels import ada_schedule
 from fedjax_semi.kernels.bandit import BanditState, bandit_init, select_arm, update_arm
 from fedjax_semi.systems import ada_cost, tx2, wireless
-
-PyTree = Any
 
 POOL, VAL = "server_unlabeled", "server_val"  # the ada partition's server sets
 

@@ -5,14 +5,11 @@ Eqs. 2, 6 and 12): pure, jittable functions that `ada_fedsemi.AdaFedSemi.server_
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.models.zoo import Model
-
-PyTree = Any
 
 
 def teacher_ema(w_half: PyTree, teacher: PyTree, gamma: float, first: jax.Array) -> PyTree:

@@ -18,10 +18,8 @@ from typing import Any
 import jax
 from flax import struct
 
-from fedjax_semi.engine.pytrees import ordered_pytree
+from fedjax_semi.engine.pytrees import PyTree, ordered_pytree
 from fedjax_semi.kernels.bandit import BanditState
-
-PyTree = Any
 
 
 @struct.dataclass

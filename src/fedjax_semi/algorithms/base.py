@@ -36,6 +36,7 @@ from fedjax_semi.config import AlgorithmConfig, SystemsConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.clients import Clients, select_cohort
 from fedjax_semi.engine.keys import client_key
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.engine.state import State
 from fedjax_semi.engine.train import LocalObjective, Schedule, local_train, make_optimizer
 from fedjax_semi.models.zoo import Model
@@ -43,7 +44,6 @@ from fedjax_semi.systems import wireless
 from fedjax_semi.systems.compute import Compute
 from fedjax_semi.systems.uplink import Uplink
 
-PyTree = Any
 Mapper = Callable[..., PyTree]  # mapper(fn, xs, *shared) -> stacked outputs
 
 # A key's shape for jax.eval_shape of a model's init: no value is drawn, and no array is made at

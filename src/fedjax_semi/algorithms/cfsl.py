@@ -76,14 +76,13 @@ from fedjax_semi.engine.keys import (
     client_key,
     round_key,
 )
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.engine.train import evaluate_indices, evaluate_row
 from fedjax_semi.errors import bad
 from fedjax_semi.kernels import clustering as cl
 from fedjax_semi.kernels import labeling
 from fedjax_semi.kernels.scheduling import select_workers
 from fedjax_semi.systems import hwn, wireless
-
-PyTree = Any
 
 
 @dataclasses.dataclass

@@ -4,15 +4,12 @@ replica axis [R] in a run with replicas."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from fedjax_semi.data.federated import RoleTable
-
-PyTree = Any
+from fedjax_semi.engine.pytrees import PyTree
 
 
 @struct.dataclass

@@ -12,11 +12,10 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_semi.data.federated import RoleTable, TrainView
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.kernels import clustering as cl
 from fedjax_semi.kernels import labeling
 from fedjax_semi.models.zoo import Model
-
-PyTree = Any
 
 
 def flatten_clients(tree: PyTree) -> jax.Array:

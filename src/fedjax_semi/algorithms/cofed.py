@@ -56,12 +56,11 @@ from fedjax_semi.engine.keys import (
     client_key,
     round_key,
 )
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.engine.train import Schedule, make_optimizer
 from fedjax_semi.errors import bad
 from fedjax_semi.kernels import voting
 from fedjax_semi.models import pool
-
-PyTree = Any
 
 
 @struct.dataclass

@@ -25,8 +25,6 @@ DoFed-SPP's fallback: D_train = D_lab = labeled, D_unl = unlabeled.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -40,10 +38,9 @@ from fedjax_semi.algorithms.dofed_task import (  # noqa: F401 (re-exported for t
 )
 from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.errors import ConfigError, bad
 from fedjax_semi.models.zoo import Model
-
-PyTree = Any
 
 
 @struct.dataclass

@@ -64,13 +64,13 @@ from fedjax_semi.engine.keys import (
     WARM_SAMPLE,
     client_key,
 )
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.engine.train import Schedule, evaluate_row, make_optimizer
 from fedjax_semi.errors import ConfigError
 from fedjax_semi.kernels import similarity as sim
 from fedjax_semi.systems import wireless
 from fedjax_semi.systems.uplink import UplinkState
 
-PyTree = Any
 Counts = tuple[jax.Array, jax.Array, jax.Array]  # valid sizes [N] of D_train, D_lab, D_unl
 
 

@@ -16,12 +16,11 @@ from flax import struct
 from fedjax_semi.algorithms.base import Mapper, Method, client_accuracy, sanity
 from fedjax_semi.config import AlgorithmConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.engine.train import evaluate_row
 from fedjax_semi.errors import bad, check_choice
 from fedjax_semi.kernels import similarity as sim
 from fedjax_semi.models.zoo import Model
-
-PyTree = Any
 
 
 class Roles(NamedTuple):

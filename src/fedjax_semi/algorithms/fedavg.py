@@ -47,6 +47,7 @@ from fedjax_semi.engine import aggregate
 from fedjax_semi.engine.aggregate import SHARE_PRESETS
 from fedjax_semi.engine.clients import Clients, broadcast, gather, scatter
 from fedjax_semi.engine.keys import DROPOUT, INIT, SAMPLE, client_key
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.engine.train import (
     LocalObjective,
     evaluate_indices,
@@ -55,8 +56,6 @@ from fedjax_semi.engine.train import (
 )
 from fedjax_semi.errors import bad
 from fedjax_semi.models.zoo import Model
-
-PyTree = Any
 
 WEIGHTINGS = ("num_samples", "uniform")
 

@@ -61,6 +61,7 @@ from fedjax_semi.engine.keys import (
 )
 from fedjax_semi.engine.keys import FEDBE_DROPOUT as DROPOUT
 from fedjax_semi.engine.keys import FEDBE_SAMPLE as SAMPLE
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.engine.train import (
     Schedule,
     evaluate_indices,
@@ -71,8 +72,6 @@ from fedjax_semi.errors import ConfigError, bad
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import wireless
 from fedjax_semi.systems.uplink import UplinkState
-
-PyTree = Any
 
 POOLS = ("train_split", "clients_unlabeled", "server")
 TARGETS = ("soft", "hard")

@@ -12,10 +12,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.engine.train import kl_divergence, masked_mean
 from fedjax_semi.models.zoo import Model
-
-PyTree = Any
 
 
 def gaussian_fit(stacked: PyTree, weights: jax.Array) -> tuple[PyTree, PyTree]:

@@ -45,14 +45,13 @@ from fedjax_semi.engine.clients import Clients, broadcast, gather, scatter
 from fedjax_semi.engine.keys import DOWNLOAD, INIT, client_key, round_key
 from fedjax_semi.engine.keys import FEDFOMO_DROPOUT as DROPOUT
 from fedjax_semi.engine.keys import FEDFOMO_SAMPLE as SAMPLE
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.engine.train import evaluate_row
 from fedjax_semi.errors import bad
 from fedjax_semi.kernels import fedfomo_weights as fw
 from fedjax_semi.kernels import similarity as sim
 from fedjax_semi.systems import wireless
 from fedjax_semi.systems.uplink import UplinkState
-
-PyTree = Any
 
 AFFINITY = ("raw", "normalized")
 

@@ -67,12 +67,11 @@ from fedjax_semi.engine.keys import (
     client_key,
     round_key,
 )
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.engine.train import Schedule, make_optimizer, masked_mean
 from fedjax_semi.errors import bad, check_choice
 from fedjax_semi.models import pool
 from fedjax_semi.models.zoo import Model
-
-PyTree = Any
 
 
 @dataclasses.dataclass

@@ -17,7 +17,6 @@ FedOpt with that optimizer; `fedopt` takes any.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,9 +38,8 @@ from fedjax_semi.engine import aggregate
 from fedjax_semi.engine.aggregate import SERVER_OPTIMIZERS
 from fedjax_semi.engine.clients import Clients
 from fedjax_semi.engine.keys import DROPOUT, INIT, SAMPLE, client_key
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.errors import bad
-
-PyTree = Any
 
 # The names that fix the server optimizer (`fedopt` takes any of SERVER_OPTIMIZERS).
 RULES = {"fedadam": "adam", "fedyogi": "yogi", "fedadagrad": "adagrad"}

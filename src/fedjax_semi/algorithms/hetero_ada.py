@@ -40,15 +40,13 @@ from fedjax_semi.algorithms.base import RoundShared, register
 from fedjax_semi.algorithms.hetero_ada_config import HeteroAdaConfig
 from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine.keys import DROPOUT, HETERO_KMEANS, SAMPLE, round_key
-from fedjax_semi.engine.pytrees import ordered_pytree
+from fedjax_semi.engine.pytrees import PyTree, ordered_pytree
 from fedjax_semi.engine.train import cross_entropy, masked_mean
 from fedjax_semi.errors import bad
 from fedjax_semi.kernels import depths
 from fedjax_semi.models.vgg import NUM_PARTS, VGG9Exits, exit_parts
 from fedjax_semi.models.zoo import Model
 from fedjax_semi.systems import tx2
-
-PyTree = Any
 
 
 @ordered_pytree(

@@ -11,7 +11,6 @@ Labels come per table position (`labels`), so the same trainer runs on private d
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +18,7 @@ import optax
 
 from fedjax_semi.data.federated import RoleTable
 from fedjax_semi.engine.keys import FINETUNE_DROPOUT, FINETUNE_SAMPLE, client_key
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.engine.train import (
     Schedule,
     cross_entropy,
@@ -29,7 +29,6 @@ from fedjax_semi.engine.train import (
 from fedjax_semi.kernels.voting import masked_argmax
 from fedjax_semi.models.zoo import Model
 
-PyTree = Any
 NEG = -1e9  # the logit of a class outside the label space
 
 

@@ -30,8 +30,6 @@ from fedjax_semi.engine.train import Schedule, make_optimizer
 from fedjax_semi.errors import bad
 from fedjax_semi.models import pool
 
-PyTree = Any
-
 
 @dataclasses.dataclass
 class PFedAvgConfig(FedAvgConfig):

@@ -37,9 +37,8 @@ from fedjax_semi.data.federated import FederatedData, RoleTable, TrainView
 from fedjax_semi.engine import aggregate
 from fedjax_semi.engine.clients import Clients, broadcast, gather, scatter
 from fedjax_semi.engine.keys import DROPOUT, INIT, SAMPLE, client_key
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.errors import bad
-
-PyTree = Any
 
 
 @dataclasses.dataclass

@@ -51,6 +51,7 @@ from fedjax_semi.engine.keys import (
     WARMUP,
     client_key,
 )
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.engine.train import Schedule, masked_mean
 from fedjax_semi.errors import bad
 from fedjax_semi.kernels.selection import lowest_mask, merge_best, sample_excluding
@@ -60,8 +61,6 @@ from fedjax_semi.kernels.uncertainty import (
     pair_stats,
     personalized_average,
 )
-
-PyTree = Any
 
 
 def _stack(head, tail):

@@ -18,9 +18,7 @@ import jax
 from flax import struct
 
 from fedjax_semi.data.federated import RoleTable
-from fedjax_semi.engine.pytrees import ordered_pytree
-
-PyTree = Any
+from fedjax_semi.engine.pytrees import PyTree, ordered_pytree
 
 
 @struct.dataclass

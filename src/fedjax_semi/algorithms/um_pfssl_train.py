@@ -16,6 +16,7 @@ from fedjax_semi.algorithms.base import RoundShared
 from fedjax_semi.algorithms.um_pfssl_config import UMPFSSLConfig
 from fedjax_semi.data.federated import RoleTable
 from fedjax_semi.engine.keys import DROPOUT, SAMPLE, client_key
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.engine.train import (
     Schedule,
     kl_divergence,
@@ -24,8 +25,6 @@ from fedjax_semi.engine.train import (
     reverse_kl_divergence,
 )
 from fedjax_semi.models.zoo import Model
-
-PyTree = Any
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,14 +8,14 @@ the output layer.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
-PyTree = Any
+from fedjax_semi.engine.pytrees import PyTree
 
 
 def _is_norm(path: tuple[str, ...]) -> bool:

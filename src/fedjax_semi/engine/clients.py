@@ -20,8 +20,7 @@ import jax.numpy as jnp
 
 from fedjax_semi.batching import batched, clients_batched
 from fedjax_semi.engine.keys import SELECT, round_key
-
-PyTree = Any
+from fedjax_semi.engine.pytrees import PyTree
 
 
 def map_within_client(fn: Callable, *xs: PyTree) -> PyTree:

@@ -13,6 +13,9 @@ from typing import Any
 
 import jax
 
+# Any nest of arrays jax.tree handles (a model's parameters, a state, a batch): for annotations.
+PyTree = Any
+
 
 def ordered_pytree(*order: str, parts: dict[str, type] | None = None) -> Callable[[type], type]:
     """Register a frozen dataclass as a pytree whose children are `order`: field names, or

@@ -19,10 +19,8 @@ import optax
 
 from fedjax_semi.data.federated import RoleTable
 from fedjax_semi.engine.keys import AUGMENT_STREAM
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.models.zoo import Model
-
-PyTree = Any
-
 
 # ----------------------------------------------------------------------------- losses
 

@@ -16,9 +16,9 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.errors import bad
 
-PyTree = Any
 KMEANS_MAX_ITER = 100  # Alg. 3's loop runs "while the assignment is changing"; our cap
 
 

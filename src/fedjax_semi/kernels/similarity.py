@@ -20,9 +20,8 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.kernels.checks import as_float, check_choice, check_number, concrete
-
-PyTree = Any
 
 # Defaults for the image CNN; the paper gives no values (G1 literal would swamp the loss term).
 GAMMA = 0.01  # the reciprocal models' learning rate

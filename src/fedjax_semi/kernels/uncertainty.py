@@ -9,15 +9,13 @@ Everything here is pure jnp over fixed shapes; callers vmap over (client, helper
 
 from __future__ import annotations
 
-from typing import Any
-
 import chex
 import jax
 import jax.numpy as jnp
 
+from fedjax_semi.engine.pytrees import PyTree
 from fedjax_semi.models.zoo import Model
 
-PyTree = Any
 EPS_H = 1e-6  # floor of H in Eq. 13's reciprocal term (unbounded as H -> 0)
 
 

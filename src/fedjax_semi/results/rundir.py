@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 
 from fedjax_semi.engine.loop import Hook, NaNError, Rows, Run, jsonable, rounds_done
-
-PyTree = Any
+from fedjax_semi.engine.pytrees import PyTree
 
 
 class MetricsLog:

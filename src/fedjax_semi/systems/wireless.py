@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-PyTree = Any
+from fedjax_semi.engine.pytrees import PyTree
 
 BYTES_PER_MB = 1e6  # m in MB of 10^6 bytes (the paper's sizes, Sec. 6.1, are approximate)
 BITS_PER_MB = 8 * BYTES_PER_MB
