@@ -86,6 +86,21 @@ def test_files_join_and_a_run_in_two_files_is_refused(sweep, tmp_path):
         load_runs([mine, rows])
 
 
+def test_decimals_round_the_values_once(sweep):
+    """--decimals 1 prints each value rounded once from the full float (a document copies the
+    digits; rounding the 2-place print again can move the last digit)."""
+    _, rows, acc = sweep
+    text = rows_table(load_runs([rows]), ["personal_acc"], paired_to="algorithm=ref", decimals=1)
+    a = np.array([acc["a", s][-1] for s in range(3)])
+    ref = np.array([acc["ref", s][-1] for s in range(3)])
+    cells = table_cells(text.split("Reference:")[0])
+    assert cells["algorithm=a"] == ["3", f"{100 * a.mean():.1f} ± {100 * a.std(ddof=1):.1f}"]
+    assert "* algorithm=a: " + ", ".join(f"{100 * v:.1f}" for v in a) in text
+    d = a - ref
+    paired = table_cells(text.split("Reference: algorithm=ref")[1])["algorithm=a"]
+    assert paired[3] == f"{100 * d.mean():+.1f} ± {100 * d.std(ddof=1):.1f}"
+
+
 def test_bad_input_gets_one_line(sweep, capsys):
     _, rows, _ = sweep
     for argv in (
@@ -93,6 +108,7 @@ def test_bad_input_gets_one_line(sweep, capsys):
         ["--paired-to", "algorithm=zzz"],
         ["--last-k", "0"],
         ["--metrics", ","],
+        ["--decimals", "7"],
     ):
         with pytest.raises(SystemExit) as e:
             main([str(rows), *argv])

@@ -36,12 +36,15 @@ def reference_setting(labels: list[str], tokens: list[str]) -> str:
 
 
 def paired_lines(
-    seeded: dict[str, list[tuple[int, float | None]]], ref_label: str, metric: str
+    seeded: dict[str, list[tuple[int, float | None]]],
+    ref_label: str,
+    metric: str,
+    decimals: int = 2,
 ) -> list[str]:
     """Markdown lines: every setting of ``seeded`` (label -> [(seed, value or None)]) against
     ``ref_label``'s value of the same seed: the paired seeds, both means, the difference (mean
-    ± std over seeds; percentage points for a metric in [0, 1]) and in how many seeds it is
-    above the reference."""
+    ± std over seeds; percentage points, to ``decimals`` places, for a metric in [0, 1]) and in
+    how many seeds it is above the reference."""
     ref = dict(seeded[ref_label])
     pct = is_fraction([v for pairs in seeded.values() for _, v in pairs if v is not None], metric)
     unit = "points" if pct else "as logged"
@@ -57,7 +60,7 @@ def paired_lines(
             continue
         a, b = np.array(pairs).T
         (mu, sd), (mu_a, _), (mu_b, _) = mean_std(a - b), mean_std(a), mean_std(b)
-        k, f = (100, ".2f") if pct else (1, ".6g")
+        k, f = (100, f".{decimals}f") if pct else (1, ".6g")
         md.append(
             f"| {label} | {len(a)} | {k * mu_a:{f}} | {k * mu_b:{f}} | "
             f"{k * mu:+{f}} ± {k * sd:{f}} | {int(np.sum(a > b))}/{len(a)} |"

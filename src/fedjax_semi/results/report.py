@@ -224,8 +224,9 @@ def is_fraction(values: list[float], metric: str = "") -> bool:
     return all(0.0 <= v <= 1.0 for v in values)
 
 
-def fmt_mean_std(mu: float, sd: float, percent: bool) -> str:
-    return f"{100 * mu:.2f} ± {100 * sd:.2f}" if percent else f"{mu:.6g} ± {sd:.3g}"
+def fmt_mean_std(mu: float, sd: float, percent: bool, decimals: int = 2) -> str:
+    d = decimals
+    return f"{100 * mu:.{d}f} ± {100 * sd:.{d}f}" if percent else f"{mu:.6g} ± {sd:.3g}"
 
 
 def _check_cut(

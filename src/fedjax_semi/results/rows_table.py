@@ -68,12 +68,16 @@ def rows_table(
     budget_time: float | None = None,
     budget_rounds: int | None = None,
     last_k: int | None = None,
+    decimals: int = 2,
 ) -> str:
     """Markdown: per setting (``settings`` in that order, default all), the seeds and each
     metric's mean ± std over seeds at the cut; the first metric per seed; with ``paired_to``
     (``key=value`` tokens that one setting holds, as for fedjax-semi-report) every other
-    setting minus it, seed by seed."""
+    setting minus it, seed by seed. Percentages to ``decimals`` places: a document quotes the
+    digits printed, never a rounding of them (13.9475 printed 13.95 would become 14.0)."""
     _check_cut(budget_time, budget_rounds, last_k)
+    if not (isinstance(decimals, int) and 0 <= decimals <= 6):
+        raise ValueError(f"--decimals={decimals!r} is not allowed: an integer in 0..6")
     labels = list(settings or runs)
     for label in labels:
         if label not in runs:
@@ -105,19 +109,19 @@ def rows_table(
         for m in metrics:
             got = [v for v in values[label, m].values() if v is not None]
             n = "" if len(got) == len(runs[label]) else f" (n={len(got)})"
-            cells.append(f"{fmt_mean_std(*mean_std(got), pct[m])}{n}" if got else "–")
+            cells.append(f"{fmt_mean_std(*mean_std(got), pct[m], decimals)}{n}" if got else "–")
         md.append("| " + " | ".join(cells) + " |")
     first = metrics[0]
     md += ["", f"{first} per seed:"]
     for label in labels:
         per_seed = ", ".join(
-            "–" if v is None else f"{100 * v:.2f}" if pct[first] else f"{v:.6g}"
+            "–" if v is None else f"{100 * v:.{decimals}f}" if pct[first] else f"{v:.6g}"
             for v in values[label, first].values()
         )
         md.append(f"* {label}: {per_seed}")
     if paired_to:
         seeded = {label: list(values[label, first].items()) for label in labels}
-        md += ["", f"Reference: {paired_to}", ""] + paired_lines(seeded, paired_to, first)
+        md += ["", f"Reference: {paired_to}", ""] + paired_lines(seeded, paired_to, first, decimals)
     return "\n".join(md)
 
 
@@ -130,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-time", type=float, default=None)
     p.add_argument("--budget-rounds", type=int, default=None)
     p.add_argument("--last-k", type=int, default=None)
+    p.add_argument("--decimals", type=int, default=2, help="places of a percentage (default 2)")
     a = p.parse_args(argv)
     metrics = [m for m in a.metrics.split(",") if m]
     if not metrics:
@@ -137,7 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs = load_runs(a.files)
         text = rows_table(
-            runs, metrics, a.setting, a.paired_to, a.budget_time, a.budget_rounds, a.last_k
+            runs,
+            metrics,
+            a.setting,
+            a.paired_to,
+            a.budget_time,
+            a.budget_rounds,
+            a.last_k,
+            a.decimals,
         )
     except (OSError, ValueError) as e:
         p.error(str(e))
