@@ -80,7 +80,8 @@ def pytest_configure(config) -> None:
 
 # The hidden-label ledger (test_equivalence.py::test_every_method_has_a_hidden_label_check):
 # each test marked `hidden_labels(*methods)` checks that those methods' training reads no hidden
-# label. Filled at collection, before `-m` deselects: method -> [(node id, in make test-slow)].
+# label. Filled at collection, before `-m` deselects: method -> [(node id, runs in make test)]
+# (not slow, and not marked skip, xfail or skipif: a check that never runs is no check).
 HIDDEN_LABEL_CHECKS: dict[str, list[tuple[str, bool]]] = {}
 COLLECTED_FILES: set[str] = set()
 
@@ -98,10 +99,10 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if item.name.endswith("__without_jit"):
             item.add_marker(pytest.mark.slow)
-        slow = item.get_closest_marker("slow") is not None
+        skipped = any(item.get_closest_marker(m) for m in ("slow", "skip", "skipif", "xfail"))
         for mark in item.iter_markers("hidden_labels"):
             for method in mark.args:
-                HIDDEN_LABEL_CHECKS.setdefault(method, []).append((item.nodeid, slow))
+                HIDDEN_LABEL_CHECKS.setdefault(method, []).append((item.nodeid, not skipped))
 
 
 def pytest_unconfigure(config) -> None:

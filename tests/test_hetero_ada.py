@@ -261,6 +261,12 @@ def test_hidden_labels_change_only_the_pseudo_label_accuracy(name, request):
     # predicts one class scores that class's share under both labelings).
     hits = [label == np.asarray(f.eval_y)[index] for f in (exp.fed, bad_fed)]
     assert not np.array_equal(*hits)
+    # The evaluation does not read the pool's labels either (the test splits' stay).
+    clean = jax.device_get(runner.evaluate(states[-1]))
+    with swapped_data(runner, corrupt_server_labels(exp.fed, "server_unlabeled", False)) as r:
+        chex.assert_trees_all_equal(jax.device_get(r.evaluate(states[-1])), clean)
+    with swapped_data(runner, bad_fed) as r:  # it does read the data it is pointed at
+        assert float(r.evaluate(states[-1])["accuracy"]) != float(clean["accuracy"])
 
 
 # Both agents on (the defaults): a program of its own, make test-slow; the fast suite checks
