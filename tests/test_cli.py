@@ -291,3 +291,14 @@ def test_report_by_labeled_ratio(tmp_path, capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert "--by-labeled-ratio" in err and bad in err and "[0, 1]" in err
+
+
+def test_the_entry_points_module_imports_neither_jax_nor_hydra():
+    """`fedjax-semi-report` and the tools that read rows start without jax or Hydra: the CLI
+    module imports them only inside the entry points that need them (cli.py's TYPE_CHECKING)."""
+    code = (
+        "import sys, fedjax_semi.cli, fedjax_semi.results.rows_table; "
+        "print(sorted(m for m in ('jax', 'hydra', 'flax', 'optax') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
