@@ -1,6 +1,7 @@
 """Is a refactoring's round the same program? `make bench-revisions` times two revisions, where a
-2-core machine's drift (up to 1.5x within a run) hides a few percent; this lowers one FedAvg
-round of each revision to StableHLO and compares the texts with SSA names and locations removed.
+2-core machine's drift (up to 2.2x within one run in benchmarks/results/revisions.jsonl) hides a
+few percent; this lowers one FedAvg round of each revision to StableHLO and compares the texts
+with SSA names and locations removed.
 
     python benchmarks/round_hlo.py --base REV [--model cnn] [--chunk 8]
 
