@@ -202,6 +202,7 @@ def test_report_by_participations(tmp_path, capsys):
     of metrics.jsonl up to the final evaluation, against a direct computation; runs without
     logged cohorts and bad edges fail clearly."""
     from fedjax_semi.cli import report_main
+    from fedjax_semi.results.bins import main as bins_main
     from fedjax_semi.results.bins import participation_table
 
     rng = np.random.default_rng(1)
@@ -238,6 +239,19 @@ def test_report_by_participations(tmp_path, capsys):
 
     report_main([str(tmp_path), "--metrics", "personal_acc", "--by-participations", "0,1,3"])
     assert "≥ 3" in capsys.readouterr().out
+    # The same table from the exported per-client records, with the run directories gone.
+    records = tmp_path.parent / f"{tmp_path.name}_clients.jsonl"
+    report_main([str(tmp_path), "--clients", str(records)])
+    assert f"wrote {2 * k} per-client records" in capsys.readouterr().out
+    moved = tmp_path.parent / f"{tmp_path.name}_gone"
+    tmp_path.rename(moved)
+    assert participation_table(records, [0, 1, 3]) == text
+    assert bins_main([str(records), "--by-participations", "0,1,3"]) == 0
+    assert text in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        bins_main([str(records)])
+    assert e.value.code == 2 and "--by-participations EDGES" in capsys.readouterr().err
+    moved.rename(tmp_path)
     for bad in ("2,1", "0,1.5", "-1,2", "a"):
         with pytest.raises(SystemExit) as e:
             report_main([str(tmp_path), f"--by-participations={bad}"])
@@ -253,7 +267,7 @@ def test_report_by_labeled_ratio(tmp_path, capsys):
     """Per-bin mean accuracy of the clients by labeled ratio, against a direct computation; a
     key overridden in one run only still separates the settings; bad edges fail clearly."""
     from fedjax_semi.cli import report_main
-    from fedjax_semi.results.bins import labeled_ratio_table
+    from fedjax_semi.results.bins import labeled_ratio_table, participation_table
 
     rng = np.random.default_rng(0)
     labeled, unlabeled = rng.integers(0, 50, 40), rng.integers(0, 50, 40)
@@ -285,6 +299,12 @@ def test_report_by_labeled_ratio(tmp_path, capsys):
 
     report_main([str(tmp_path), "--metrics", "personal_acc", "--by-labeled-ratio", "0,0.5,1"])
     assert "μ in [0.5, 1]" in capsys.readouterr().out
+    records = tmp_path.parent / f"{tmp_path.name}_clients.jsonl"
+    report_main([str(tmp_path), "--clients", str(records)])
+    capsys.readouterr()
+    assert labeled_ratio_table(records, [0, 0.5, 1]) == text  # the records give the same table
+    with pytest.raises(ValueError, match="no participations"):  # these runs logged no cohorts
+        participation_table(records, [0, 1])
     for bad in ("0.5,0.1", "1", "0,2", "a,b"):
         with pytest.raises(SystemExit) as e:
             report_main([str(tmp_path), "--by-labeled-ratio", bad])

@@ -231,20 +231,17 @@ def main() -> None:
     hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(_task)()
 
 
-def _edges(flag: str, value: str | None, allowed: str) -> list[float] | None:
-    """Comma-separated bin edges of a report flag, or None when the flag is not given."""
-    if value is None:
-        return None
-    try:
-        return [float(e) for e in value.split(",")]
-    except ValueError:
-        raise ValueError(f"{flag}={value!r} is not allowed: comma-separated {allowed}") from None
-
-
 def report_main(argv: list[str] | None = None) -> None:
     import argparse
 
-    from fedjax_semi.results.bins import labeled_ratio_table, participation_table
+    from fedjax_semi.results.bins import (
+        LABELED_RATIO_EDGES,
+        PARTICIPATION_EDGES,
+        export_clients,
+        labeled_ratio_table,
+        parse_edges,
+        participation_table,
+    )
     from fedjax_semi.results.curves import X_AXES, plot
     from fedjax_semi.results.gates import add_gate_flags, gates_from_args
     from fedjax_semi.results.paired import paired_table
@@ -313,6 +310,15 @@ def report_main(argv: list[str] | None = None) -> None:
         "OUT.jsonl, for committing beside a results document",
     )
     ap.add_argument(
+        "--clients",
+        metavar="OUT.jsonl",
+        type=Path,
+        default=None,
+        help="also write one record per client per run (final personal accuracy, labeled and "
+        "unlabeled counts, participations) to OUT.jsonl: `python -m fedjax_semi.results.bins "
+        "OUT.jsonl` makes the --by-* tables from it",
+    )
+    ap.add_argument(
         "--fa-rule",
         metavar="PLATEAU,PATIENCE,MIN_ROUNDS",
         default=None,
@@ -353,14 +359,8 @@ def report_main(argv: list[str] | None = None) -> None:
                 "e.g. 0.01,3,10"
             )
     try:
-        edges = _edges(
-            "--by-labeled-ratio", args.by_labeled_ratio, "numbers in [0, 1], e.g. 0,0.1,0.5,0.9,1"
-        )
-        part_edges = _edges(
-            "--by-participations",
-            args.by_participations,
-            "increasing integers >= 0, e.g. 0,1,2,3,6",
-        )
+        edges = parse_edges("--by-labeled-ratio", args.by_labeled_ratio, LABELED_RATIO_EDGES)
+        part_edges = parse_edges("--by-participations", args.by_participations, PARTICIPATION_EDGES)
         plotted = ()
         if args.plot is not None:
             plotted = plot(args.sweep_dir, args.plot.split(","), args.plot_x)
@@ -394,6 +394,9 @@ def report_main(argv: list[str] | None = None) -> None:
             paths = ttap(args.sweep_dir)
         if args.rows is not None:
             md += f"\n\nwrote {export_rows(args.sweep_dir, args.rows)} rows to {args.rows}"
+        if args.clients is not None:
+            n = export_clients(args.sweep_dir, args.clients)
+            md += f"\n\nwrote {n} per-client records to {args.clients}"
     except ValueError as e:
         _fail(str(e))
     print(md)
