@@ -3,11 +3,13 @@
 few percent; this lowers one FedAvg round of each revision to StableHLO and compares the texts
 with SSA names and locations removed.
 
-    python benchmarks/round_hlo.py --base REV [--model cnn] [--chunk 8]
+    python benchmarks/round_hlo.py --base REV [--head REV] [--model cnn] [--chunk 8]
 
 Checks REV out into a temporary git worktree and lowers its round in a fresh interpreter (its
-own code and configs), then the working tree's; prints each program's operation count and the
-lines that differ (module and result names aside, none means the same program).
+own code and configs), then the working tree's (or --head's, checked out the same way); prints
+each program's operation count and the lines that differ (module and result names aside, none
+means the same program), and appends one JSON line (both revisions, the counts, whether the
+programs are the same, the versions) to benchmarks/results/round_hlo.jsonl.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT
+from common import RESULTS, ROOT, emit, environment
 
 LOWER = """
 import re, sys
@@ -61,25 +63,60 @@ def main() -> None:
     ap.add_argument("--base", required=True)
     ap.add_argument("--model", default="cnn")
     ap.add_argument("--chunk", default="8")
+    ap.add_argument("--head", default=None, help="a revision (default: the working tree)")
+    ap.add_argument("--out", default=str(RESULTS / "round_hlo.jsonl"))
     args = ap.parse_args()
+
+    def git(*a: str) -> str:
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), *a], check=True, capture_output=True, text=True
+        )
+        return out.stdout.strip()
+
+    base_sha = git("rev-parse", args.base)
+    if args.head is None:
+        head = git("rev-parse", "HEAD")
+        head += "+dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
+    else:
+        head = git("rev-parse", args.head)
     chunk = args.chunk if args.chunk == "all" else int(args.chunk)
     with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-f", str(base), args.base],
-                       check=True, capture_output=True)  # fmt: skip
-        try:
-            old = normalized(lowered(base, args.model, chunk))
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
-                           check=True, capture_output=True)  # fmt: skip
-    new = normalized(lowered(ROOT, args.model, chunk))
+        trees = {}
+        for name, rev in (("base", base_sha), ("head", args.head and head)):
+            if rev is None:  # the working tree
+                trees[name] = normalized(lowered(ROOT, args.model, chunk))
+                continue
+            tree = Path(tmp) / name
+            git("worktree", "add", "--detach", "-f", str(tree), rev)
+            try:
+                trees[name] = normalized(lowered(tree, args.model, chunk))
+            finally:
+                git("worktree", "remove", "--force", str(tree))
+    old, new = trees["base"], trees["head"]
 
     def ops(lines):
         return sum(len(re.findall(r"= \"?stablehlo\.", x)) for x in lines)
 
-    print(f"base {args.base}: {ops(old)} operations; working tree: {ops(new)} operations")
-    diff = list(difflib.unified_diff(old, new, "base", "working tree", lineterm="", n=0))
+    print(f"base {args.base}: {ops(old)} operations; head {head}: {ops(new)} operations")
+    diff = list(difflib.unified_diff(old, new, "base", "head", lineterm="", n=0))
     print("\n".join(diff) if diff else "the same program (names aside)")
+    emit(
+        {
+            "bench": "round_hlo",
+            "base": base_sha,
+            "head": head,
+            "model": args.model,
+            "chunk": args.chunk,
+            "base_operations": ops(old),
+            "head_operations": ops(new),
+            "same_program": not diff,
+            "differing_lines": sum(
+                1 for x in diff if x[:1] in "+-" and x[:3] not in ("+++", "---")
+            ),
+            **environment(),
+        },
+        Path(args.out),
+    )
 
 
 if __name__ == "__main__":
