@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -105,3 +106,29 @@ def emit(record: dict, path: Path) -> None:
     with path.open("a") as f:
         f.write(line + "\n")
     sys.stdout.flush()
+
+
+# Runs a command and prints, last, a JSON line with its wall time and peak RSS (the only child).
+_WRAPPER = """
+import json, resource, subprocess, sys, time
+t0 = time.perf_counter()
+rc = subprocess.run(sys.argv[1:]).returncode
+rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+print(json.dumps({"rc": rc, "total_s": time.perf_counter() - t0, "peak_rss_bytes": rss}))
+"""
+
+
+def timed_process(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> dict:
+    """Run cmd as the only child of a wrapper process: its exit code, wall time and peak RSS."""
+    out = subprocess.run(
+        [sys.executable, "-c", _WRAPPER, *cmd],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=cwd,
+    )
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    if res["rc"] != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed (exit {res['rc']}):\n{out.stderr[-3000:]}")
+    return res

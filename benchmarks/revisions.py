@@ -1,12 +1,18 @@
 """`make bench` of two revisions side by side in one run: is the working tree slower than BASE?
 
     python benchmarks/revisions.py --base REV [--passes 2] [--models cnn,mlp] [--repeats 3]
+    python benchmarks/revisions.py --base REV --peak-memory 10 [--passes 2]
 
 Checks REV out into a temporary git worktree, then runs each tree's own `benchmarks/engine.py`
 (its code, its configs) in a fresh interpreter, alternating BASE, HEAD, BASE, HEAD, ... so that
 load on the machine falls on both alike. Prints, per workload (model x chunk), the median round
 time of each revision over all passes and HEAD / BASE, and appends JSON lines to
 benchmarks/results/revisions.jsonl.
+
+With --peak-memory R it runs instead the default job as a user does (`fedjax-semi
++experiment=fmnist_supervised rounds=R eval_every=5 progress=false`, each tree's own CLI and
+configs, real Fashion-MNIST) as the only child of a wrapper process, alternating the same way,
+and records each process's peak RSS (and wall time, beside the peak only).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import RESULTS, ROOT, emit, environment
+from common import RESULTS, ROOT, emit, environment, timed_process
 
 
 def git(*args: str) -> str:
@@ -47,6 +53,15 @@ def run_engine(tree: Path, args: argparse.Namespace, out: Path) -> list[dict]:
     return lines
 
 
+def run_user_job(tree: Path, rounds: int, out: Path) -> dict:
+    """One whole `fedjax-semi` run of `tree` (its CLI, its configs): rc, total_s, peak RSS."""
+    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    cli = "import sys; from fedjax_semi.cli import main; sys.argv[0] = 'fedjax-semi'; main()"
+    cmd = [sys.executable, "-c", cli, "+experiment=fmnist_supervised", f"rounds={rounds}"]
+    cmd += ["eval_every=5", "progress=false", f"out_dir={out}"]
+    return {**timed_process(cmd, env=env, cwd=tree), "command": " ".join(cmd[3:-1])}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True, help="the git revision to compare against")
@@ -54,12 +69,20 @@ def main() -> None:
     ap.add_argument("--models", default="cnn,mlp")
     ap.add_argument("--chunks", default="1,8,all,reference")
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds per workload per run")
+    ap.add_argument(
+        "--peak-memory",
+        metavar="R",
+        type=int,
+        default=0,
+        help="record whole R-round user runs' peak RSS instead of round times",
+    )
     ap.add_argument("--out", default=str(RESULTS / "revisions.jsonl"))
     args = ap.parse_args()
     base_sha = git("rev-parse", args.base)
     head_sha = git("rev-parse", "HEAD")
     dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     times: dict[tuple[str, str, str], list[float]] = {}
+    runs: dict[str, list[dict]] = {"base": [], "head": []}
     with tempfile.TemporaryDirectory() as tmp:
         base_tree = Path(tmp) / "base"
         git("worktree", "add", "--detach", str(base_tree), base_sha)
@@ -67,11 +90,34 @@ def main() -> None:
             for p in range(args.passes):
                 order = [("base", base_tree), ("head", ROOT)]
                 for label, tree in order if p % 2 == 0 else order[::-1]:
+                    if args.peak_memory:
+                        out = Path(tmp) / f"{label}_{p}"
+                        runs[label].append(run_user_job(tree, args.peak_memory, out))
+                        continue
                     for r in run_engine(tree, args, Path(tmp) / f"{label}.jsonl"):
                         key = (label, r["model"], str(r["chunk"]))
                         times.setdefault(key, []).extend(r["round_s_all"])
         finally:
             git("worktree", "remove", "--force", str(base_tree))
+    if args.peak_memory:
+        rss = {k: [r["peak_rss_bytes"] for r in v] for k, v in runs.items()}
+        emit(
+            {
+                "bench": "peak_memory_revisions",
+                "command": runs["head"][0]["command"],
+                "base": base_sha,
+                "head": head_sha + ("+dirty" if dirty else ""),
+                "passes": args.passes,
+                "peak_rss_bytes_base": rss["base"],
+                "peak_rss_bytes_head": rss["head"],
+                "head_over_base": max(rss["head"]) / max(rss["base"]),
+                "total_s_base": [r["total_s"] for r in runs["base"]],
+                "total_s_head": [r["total_s"] for r in runs["head"]],
+                **environment(),
+            },
+            Path(args.out),
+        )
+        return
     env = environment()
     for model in args.models.split(","):
         for chunk in args.chunks.split(","):

@@ -5,7 +5,6 @@ as one program against one after another (--replicas), and whole user runs (--fu
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -15,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common import compose, emit, runner_for, time_rounds
+from common import compose, emit, runner_for, time_rounds, timed_process
 from fedjax_semi import experiment
 from throughput_measures import (
     peak_memory,
@@ -270,26 +269,6 @@ def replicas_vs_sequential(w: Workload, args, env: dict) -> list[dict]:
     return records
 
 
-# Runs a command and prints, last, a JSON line with its wall time and peak RSS (the only child).
-_WRAPPER = """
-import json, resource, subprocess, sys, time
-t0 = time.perf_counter()
-rc = subprocess.run(sys.argv[1:]).returncode
-rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-print(json.dumps({"rc": rc, "total_s": time.perf_counter() - t0, "peak_rss_bytes": rss}))
-"""
-
-
-def _timed_process(cmd: list[str]) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-c", _WRAPPER, *cmd], capture_output=True, text=True, check=True
-    )
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    if res["rc"] != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed (exit {res['rc']}):\n{out.stderr[-3000:]}")
-    return res
-
-
 def full_run(args, env: dict) -> list[dict]:
     """--full-run R: the default job as a user runs it (`fedjax-semi +experiment=fmnist_supervised
     rounds=R eval_every=5 progress=false`, real Fashion-MNIST, every default: checkpoints every 5
@@ -305,7 +284,7 @@ def full_run(args, env: dict) -> list[dict]:
                 str(cli), "+experiment=fmnist_supervised", f"rounds={args.full_run}",
                 "eval_every=5", "progress=false", f"out_dir={out}",
             ] + ([f"model.conv={conv}"] if conv else [])  # fmt: skip
-            res = _timed_process(cmd)
+            res = timed_process(cmd)
             summary = json.loads((Path(out) / "summary.json").read_text())
             rows = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
         t = summary["timings"]
@@ -337,7 +316,7 @@ def full_run(args, env: dict) -> list[dict]:
             "--threads", str(threads),
         ]  # fmt: skip
         with tempfile.TemporaryDirectory() as out:
-            res = _timed_process([*cmd, "--out", f"{out}/t.jsonl"])
+            res = timed_process([*cmd, "--out", f"{out}/t.jsonl"])
             line = json.loads(Path(f"{out}/t.jsonl").read_text().splitlines()[-1])
         rec = {
             "bench": "full_run",
