@@ -55,7 +55,10 @@ def run_engine(tree: Path, args: argparse.Namespace, out: Path) -> list[dict]:
 
 def run_user_job(tree: Path, rounds: int, out: Path) -> dict:
     """One whole `fedjax-semi` run of `tree` (its CLI, its configs): rc, total_s, peak RSS."""
-    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    # Each run starts with an empty compile cache (revisions before the cache compile every
+    # time) and reads its own tree's configs.
+    env = {k: v for k, v in os.environ.items() if k != "FEDJAX_SEMI_CONF"}
+    env |= {"PYTHONPATH": str(tree / "src"), "JAX_COMPILATION_CACHE_DIR": f"{out}_xla"}
     cli = "import sys; from fedjax_semi.cli import main; sys.argv[0] = 'fedjax-semi'; main()"
     cmd = [sys.executable, "-c", cli, "+experiment=fmnist_supervised", f"rounds={rounds}"]
     cmd += ["eval_every=5", "progress=false", f"out_dir={out}"]
@@ -78,6 +81,8 @@ def main() -> None:
     )
     ap.add_argument("--out", default=str(RESULTS / "revisions.jsonl"))
     args = ap.parse_args()
+    if args.peak_memory < 0 or args.passes < 1:
+        ap.error(f"--peak-memory={args.peak_memory} --passes={args.passes}: R >= 0, passes >= 1")
     base_sha = git("rev-parse", args.base)
     head_sha = git("rev-parse", "HEAD")
     dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
@@ -108,6 +113,7 @@ def main() -> None:
                 "base": base_sha,
                 "head": head_sha + ("+dirty" if dirty else ""),
                 "passes": args.passes,
+                "compile_cache": "cold: an empty JAX_COMPILATION_CACHE_DIR per run",
                 "peak_rss_bytes_base": rss["base"],
                 "peak_rss_bytes_head": rss["head"],
                 "head_over_base": max(rss["head"]) / max(rss["base"]),

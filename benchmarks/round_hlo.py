@@ -110,9 +110,8 @@ def main() -> None:
             "base_operations": ops(old),
             "head_operations": ops(new),
             "same_program": not diff,
-            "differing_lines": sum(
-                1 for x in diff if x[:1] in "+-" and x[:3] not in ("+++", "---")
-            ),
+            # diff[:2] are the file headers; then hunk headers (@@) and changed lines.
+            "differing_lines": sum(1 for x in diff[2:] if x[:1] in "+-"),
             **environment(),
         },
         Path(args.out),

@@ -243,6 +243,17 @@ def test_report_by_participations(tmp_path, capsys):
     records = tmp_path.parent / f"{tmp_path.name}_clients.jsonl"
     report_main([str(tmp_path), "--clients", str(records)])
     assert f"wrote {2 * k} per-client records" in capsys.readouterr().out
+    first = json.loads(records.read_text().splitlines()[k + 3])  # seed 1's client 3
+    assert first == {
+        "setting": first["setting"],
+        "seed": "1",  # from the overrides (these runs have no config.yaml)
+        "run": "r1",
+        "client": 3,
+        "acc": accs[1][3],
+        "labeled": 1,
+        "unlabeled": 1,
+        "participations": int(part[3]),
+    }
     moved = tmp_path.parent / f"{tmp_path.name}_gone"
     tmp_path.rename(moved)
     assert participation_table(records, [0, 1, 3]) == text
@@ -303,6 +314,11 @@ def test_report_by_labeled_ratio(tmp_path, capsys):
     report_main([str(tmp_path), "--clients", str(records)])
     capsys.readouterr()
     assert labeled_ratio_table(records, [0, 0.5, 1]) == text  # the records give the same table
+    lines = records.read_text().splitlines()
+    joined = tmp_path.parent / f"{tmp_path.name}_joined.jsonl"
+    joined.write_text("\n".join(lines + lines[:3]) + "\n")  # two exports' runs share a folder
+    with pytest.raises(ValueError, match="clients 0..K-1"):
+        labeled_ratio_table(joined, [0, 0.5, 1])
     with pytest.raises(ValueError, match="no participations"):  # these runs logged no cohorts
         participation_table(records, [0, 1])
     for bad in ("0.5,0.1", "1", "0,2", "a,b"):

@@ -235,8 +235,8 @@ def report_main(argv: list[str] | None = None) -> None:
     import argparse
 
     from fedjax_semi.results.bins import (
-        LABELED_RATIO_EDGES,
-        PARTICIPATION_EDGES,
+        LABELED_RATIO_ALLOWED,
+        PARTICIPATION_ALLOWED,
         export_clients,
         labeled_ratio_table,
         parse_edges,
@@ -359,8 +359,10 @@ def report_main(argv: list[str] | None = None) -> None:
                 "e.g. 0.01,3,10"
             )
     try:
-        edges = parse_edges("--by-labeled-ratio", args.by_labeled_ratio, LABELED_RATIO_EDGES)
-        part_edges = parse_edges("--by-participations", args.by_participations, PARTICIPATION_EDGES)
+        edges = parse_edges("--by-labeled-ratio", args.by_labeled_ratio, LABELED_RATIO_ALLOWED)
+        part_edges = parse_edges(
+            "--by-participations", args.by_participations, PARTICIPATION_ALLOWED
+        )
         plotted = ()
         if args.plot is not None:
             plotted = plot(args.sweep_dir, args.plot.split(","), args.plot_x)

@@ -5,7 +5,7 @@ The tables read either a sweep directory or the per-client records that `fedjax-
 --clients OUT.jsonl` exports (one JSON object per client per run), so a results document can
 commit the records beside its rows and its bin tables outlive the run directories:
 
-    python -m fedjax_semi.results.bins docs/results/CLIENTS.jsonl \
+    python -m fedjax_semi.results.bins docs/results/CLIENTS.jsonl \\
         --by-labeled-ratio 0,0.1,0.5,0.9,1 --by-participations 0,5,10,15,20
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_semi.results.report import grouped_runs
+from fedjax_semi.results.report import _get, grouped_runs
 
 NO_COHORTS = (
     "no participations: its summary.json has no evaluated round or its metrics.jsonl does not "
@@ -48,6 +48,11 @@ def participations(run_dir: Path, rounds: int, num_clients: int) -> np.ndarray:
             f"{rounds} rounds (runs written before cohorts were logged cannot be binned)"
         )
     ids = np.concatenate([np.asarray(row["cohort"], int) for row in rows])
+    if ids.size and (ids.min() < 0 or ids.max() >= num_clients):
+        raise ValueError(
+            f"run {str(run_dir)!r}: a cohort lists client {int(ids.max())} (or {int(ids.min())}) "
+            f"but the run has {num_clients} client accuracies"
+        )
     return np.bincount(ids, minlength=num_clients)
 
 
@@ -60,7 +65,10 @@ def client_records(root: Path) -> list[dict]:
     records = []
     for label, runs in grouped_runs(root).items():
         for r in runs:
-            acc = [float(a) for a in r["summary"].get("client_acc", [])]
+            # jsonable() writes a NaN accuracy as null.
+            acc = [
+                float("nan") if a is None else float(a) for a in r["summary"].get("client_acc", [])
+            ]
             counts = _counts(r["dir"]) or {}
             lab, unl = counts.get("labeled"), counts.get("unlabeled")
             sizes = {len(v) for v in (lab, unl) if v is not None}
@@ -72,14 +80,15 @@ def client_records(root: Path) -> list[dict]:
             final_round = r["summary"].get("final", {}).get("round")
             try:
                 part = participations(r["dir"], int(final_round), len(acc))
-            except (TypeError, ValueError, OSError):  # no final round, no cohorts, no metrics
+            except (TypeError, KeyError, ValueError, OSError):  # no final round/cohorts/metrics
                 part = None
+            seed = _get(r["config"], "seed")  # as export_rows writes it (an int)
             run = str(Path(r["dir"]).relative_to(root))
             for k, a in enumerate(acc):
                 records.append(
                     {
                         "setting": label,
-                        "seed": r["seed"],
+                        "seed": r["seed"] if seed is None else seed,
                         "run": run,
                         "client": k,
                         "acc": a,
@@ -121,6 +130,11 @@ def _client_bin_table(
     sizes: dict[str, list[np.ndarray]] = defaultdict(list)
     for (label, run), recs in by_run.items():
         recs = sorted(recs, key=lambda rec: rec["client"])
+        if [rec["client"] for rec in recs] != list(range(len(recs))):
+            raise ValueError(
+                f"run {run!r} of setting {label!r}: its records do not list clients 0..K-1 once "
+                "each (two exports joined, whose runs share a folder name?)"
+            )
         values, acc = per_client(run, recs), np.array([rec["acc"] for rec in recs], float)
         in_bin = [member(values) for _, member in bins]
         accs[label].append(np.array([acc[m].mean() if m.any() else np.nan for m in in_bin]))
@@ -225,19 +239,24 @@ def parse_edges(flag: str, value: str | None, allowed: str) -> list[float] | Non
         raise ValueError(f"{flag}={value!r} is not allowed: comma-separated {allowed}") from None
 
 
-LABELED_RATIO_EDGES = "numbers in [0, 1], e.g. 0,0.1,0.5,0.9,1"
-PARTICIPATION_EDGES = "increasing integers >= 0, e.g. 0,1,2,3,6"
+LABELED_RATIO_ALLOWED = "numbers in [0, 1], e.g. 0,0.1,0.5,0.9,1"
+PARTICIPATION_ALLOWED = "increasing integers >= 0, e.g. 0,1,2,3,6"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedjax_semi.results.bins", description=__doc__)
+    """The bin tables of a records file (or of a sweep directory), printed."""
+    p = argparse.ArgumentParser(
+        prog="python -m fedjax_semi.results.bins",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("source", type=Path, help="per-client records (--clients) or a sweep dir")
     p.add_argument("--by-labeled-ratio", metavar="EDGES", default=None)
     p.add_argument("--by-participations", metavar="EDGES", default=None)
     a = p.parse_args(argv)
     try:
-        ratio = parse_edges("--by-labeled-ratio", a.by_labeled_ratio, LABELED_RATIO_EDGES)
-        part = parse_edges("--by-participations", a.by_participations, PARTICIPATION_EDGES)
+        ratio = parse_edges("--by-labeled-ratio", a.by_labeled_ratio, LABELED_RATIO_ALLOWED)
+        part = parse_edges("--by-participations", a.by_participations, PARTICIPATION_ALLOWED)
         if ratio is None and part is None:
             raise ValueError("name --by-labeled-ratio EDGES, --by-participations EDGES or both")
         if ratio is not None:
