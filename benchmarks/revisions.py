@@ -1,7 +1,7 @@
 """`make bench` of two revisions side by side in one run: is the working tree slower than BASE?
 
     python benchmarks/revisions.py --base REV [--passes 2] [--models cnn,mlp] [--repeats 3]
-    python benchmarks/revisions.py --base REV --peak-memory 10 [--passes 2]
+    python benchmarks/revisions.py --base REV --peak-memory 10 [--passes 2] [--head REV]
 
 Checks REV out into a temporary git worktree, then runs each tree's own `benchmarks/engine.py`
 (its code, its configs) in a fresh interpreter, alternating BASE, HEAD, BASE, HEAD, ... so that
@@ -68,6 +68,7 @@ def run_user_job(tree: Path, rounds: int, out: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True, help="the git revision to compare against")
+    ap.add_argument("--head", default=None, help="a revision (default: the working tree)")
     ap.add_argument("--passes", type=int, default=2, help="alternating runs of each revision")
     ap.add_argument("--models", default="cnn,mlp")
     ap.add_argument("--chunks", default="1,8,all,reference")
@@ -84,16 +85,22 @@ def main() -> None:
     if args.peak_memory < 0 or args.passes < 1:
         ap.error(f"--peak-memory={args.peak_memory} --passes={args.passes}: R >= 0, passes >= 1")
     base_sha = git("rev-parse", args.base)
-    head_sha = git("rev-parse", "HEAD")
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    if args.head is None:  # the working tree
+        head = git("rev-parse", "HEAD")
+        head += "+dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
+    else:
+        head = git("rev-parse", args.head)
     times: dict[tuple[str, str, str], list[float]] = {}
     runs: dict[str, list[dict]] = {"base": [], "head": []}
     with tempfile.TemporaryDirectory() as tmp:
         base_tree = Path(tmp) / "base"
         git("worktree", "add", "--detach", str(base_tree), base_sha)
+        head_tree = ROOT if args.head is None else Path(tmp) / "head"
         try:
+            if args.head is not None:
+                git("worktree", "add", "--detach", str(head_tree), head)
             for p in range(args.passes):
-                order = [("base", base_tree), ("head", ROOT)]
+                order = [("base", base_tree), ("head", head_tree)]
                 for label, tree in order if p % 2 == 0 else order[::-1]:
                     if args.peak_memory:
                         out = Path(tmp) / f"{label}_{p}"
@@ -103,7 +110,9 @@ def main() -> None:
                         key = (label, r["model"], str(r["chunk"]))
                         times.setdefault(key, []).extend(r["round_s_all"])
         finally:
-            git("worktree", "remove", "--force", str(base_tree))
+            for tree in {base_tree, head_tree} - {ROOT}:
+                if tree.exists():
+                    git("worktree", "remove", "--force", str(tree))
     if args.peak_memory:
         rss = {k: [r["peak_rss_bytes"] for r in v] for k, v in runs.items()}
         emit(
@@ -111,7 +120,7 @@ def main() -> None:
                 "bench": "peak_memory_revisions",
                 "command": runs["head"][0]["command"],
                 "base": base_sha,
-                "head": head_sha + ("+dirty" if dirty else ""),
+                "head": head,
                 "passes": args.passes,
                 "compile_cache": "cold: an empty JAX_COMPILATION_CACHE_DIR per run",
                 "peak_rss_bytes_base": rss["base"],
@@ -135,7 +144,7 @@ def main() -> None:
                     "model": model,
                     "chunk": chunk,
                     "base": base_sha,
-                    "head": head_sha + ("+dirty" if dirty else ""),
+                    "head": head,
                     "passes": args.passes,
                     "round_s_median_base": b,
                     "round_s_median_head": h,
