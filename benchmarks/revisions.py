@@ -1,13 +1,14 @@
-"""`make bench` of two revisions side by side in one run: is the working tree slower than BASE?
+"""`make bench` of two revisions side by side in one run: is HEAD (the working tree, or --head)
+slower than BASE?
 
-    python benchmarks/revisions.py --base REV [--passes 2] [--models cnn,mlp] [--repeats 3]
-    python benchmarks/revisions.py --base REV --peak-memory 10 [--passes 2] [--head REV]
+    python benchmarks/revisions.py --base REV [--head REV] [--passes 2] [--models cnn,mlp]
+    python benchmarks/revisions.py --base REV [--head REV] --peak-memory 10 [--passes 2]
 
-Checks REV out into a temporary git worktree, then runs each tree's own `benchmarks/engine.py`
-(its code, its configs) in a fresh interpreter, alternating BASE, HEAD, BASE, HEAD, ... so that
-load on the machine falls on both alike. Prints, per workload (model x chunk), the median round
-time of each revision over all passes and HEAD / BASE, and appends JSON lines to
-benchmarks/results/revisions.jsonl.
+Checks REV (and --head) out into a temporary git worktree, then runs each tree's own
+`benchmarks/engine.py` (its code, its configs) in a fresh interpreter, alternating BASE, HEAD,
+HEAD, BASE, BASE, HEAD, ... so that load on the machine falls on both alike. Prints, per
+workload (model x chunk), the median round time of each revision over all passes and HEAD /
+BASE, and appends JSON lines to benchmarks/results/revisions.jsonl.
 
 With --peak-memory R it runs instead the default job as a user does (`fedjax-semi
 +experiment=fmnist_supervised rounds=R eval_every=5 progress=false`, each tree's own CLI and
@@ -84,12 +85,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.peak_memory < 0 or args.passes < 1:
         ap.error(f"--peak-memory={args.peak_memory} --passes={args.passes}: R >= 0, passes >= 1")
-    base_sha = git("rev-parse", args.base)
+    base_sha = git("rev-parse", f"{args.base}^{{commit}}")
     if args.head is None:  # the working tree
         head = git("rev-parse", "HEAD")
         head += "+dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
     else:
-        head = git("rev-parse", args.head)
+        head = git("rev-parse", f"{args.head}^{{commit}}")
     times: dict[tuple[str, str, str], list[float]] = {}
     runs: dict[str, list[dict]] = {"base": [], "head": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,9 +111,11 @@ def main() -> None:
                         key = (label, r["model"], str(r["chunk"]))
                         times.setdefault(key, []).extend(r["round_s_all"])
         finally:
-            for tree in {base_tree, head_tree} - {ROOT}:
-                if tree.exists():
-                    git("worktree", "remove", "--force", str(tree))
+            for tree in (base_tree, head_tree):  # best effort: never hide the error in flight
+                if tree != ROOT:
+                    cmd = ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)]
+                    subprocess.run(cmd, capture_output=True)
+            git("worktree", "prune")
     if args.peak_memory:
         rss = {k: [r["peak_rss_bytes"] for r in v] for k, v in runs.items()}
         emit(

@@ -73,12 +73,12 @@ def main() -> None:
         )
         return out.stdout.strip()
 
-    base_sha = git("rev-parse", args.base)
+    base_sha = git("rev-parse", f"{args.base}^{{commit}}")
     if args.head is None:
         head = git("rev-parse", "HEAD")
         head += "+dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
     else:
-        head = git("rev-parse", args.head)
+        head = git("rev-parse", f"{args.head}^{{commit}}")
     chunk = args.chunk if args.chunk == "all" else int(args.chunk)
     with tempfile.TemporaryDirectory() as tmp:
         trees = {}
