@@ -272,6 +272,11 @@ def test_report_by_participations(tmp_path, capsys):
     (tmp_path / "r1" / "metrics.jsonl").write_text('{"round": 1}\n')  # logged before cohorts
     with pytest.raises(ValueError, match="cohort"):
         participation_table(tmp_path, [0, 1])
+    (tmp_path / "r1" / "metrics.jsonl").write_text(  # a client the run has no accuracy for
+        "".join(json.dumps({"round": t + 1, "cohort": [k]}) + "\n" for t in range(rounds))
+    )
+    with pytest.raises(ValueError, match=f"a cohort lists client {k} but the run has {k} client"):
+        participation_table(tmp_path, [0, 1])
 
 
 def test_report_by_labeled_ratio(tmp_path, capsys):
