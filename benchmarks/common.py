@@ -132,3 +132,18 @@ def timed_process(cmd: list[str], env: dict | None = None, cwd: Path | None = No
     if res["rc"] != 0:
         raise SystemExit(f"{' '.join(cmd)} failed (exit {res['rc']}):\n{out.stderr[-3000:]}")
     return res
+
+
+def git(*args: str) -> str:
+    """`git -C ROOT ARGS...`'s output, stripped (raises on failure)."""
+    return subprocess.run(
+        ["git", "-C", str(ROOT), *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def revision(rev: str | None) -> str:
+    """The commit of rev, or for None the working tree's: HEAD, "+dirty" with tracked changes."""
+    if rev is not None:
+        return git("rev-parse", f"{rev}^{{commit}}")
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return git("rev-parse", "HEAD") + ("+dirty" if dirty else "")

@@ -28,13 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import RESULTS, ROOT, emit, environment, timed_process
-
-
-def git(*args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(ROOT), *args], check=True, capture_output=True, text=True
-    ).stdout.strip()
+from common import RESULTS, ROOT, emit, environment, git, revision, timed_process
 
 
 def run_engine(tree: Path, args: argparse.Namespace, out: Path) -> list[dict]:
@@ -85,12 +79,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.peak_memory < 0 or args.passes < 1:
         ap.error(f"--peak-memory={args.peak_memory} --passes={args.passes}: R >= 0, passes >= 1")
-    base_sha = git("rev-parse", f"{args.base}^{{commit}}")
-    if args.head is None:  # the working tree
-        head = git("rev-parse", "HEAD")
-        head += "+dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
-    else:
-        head = git("rev-parse", f"{args.head}^{{commit}}")
+    base_sha, head = revision(args.base), revision(args.head)
     times: dict[tuple[str, str, str], list[float]] = {}
     runs: dict[str, list[dict]] = {"base": [], "head": []}
     with tempfile.TemporaryDirectory() as tmp:

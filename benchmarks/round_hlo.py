@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import RESULTS, ROOT, emit, environment
+from common import RESULTS, ROOT, emit, environment, git, revision
 
 LOWER = """
 import re, sys
@@ -67,18 +67,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "round_hlo.jsonl"))
     args = ap.parse_args()
 
-    def git(*a: str) -> str:
-        out = subprocess.run(
-            ["git", "-C", str(ROOT), *a], check=True, capture_output=True, text=True
-        )
-        return out.stdout.strip()
-
-    base_sha = git("rev-parse", f"{args.base}^{{commit}}")
-    if args.head is None:
-        head = git("rev-parse", "HEAD")
-        head += "+dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
-    else:
-        head = git("rev-parse", f"{args.head}^{{commit}}")
+    base_sha, head = revision(args.base), revision(args.head)
     chunk = args.chunk if args.chunk == "all" else int(args.chunk)
     with tempfile.TemporaryDirectory() as tmp:
         trees = {}
