@@ -81,3 +81,26 @@ def test_report_plot_writes_the_png_and_csv_and_refuses_a_missing_metric(tmp_pat
     with pytest.raises(SystemExit):
         report_main([str(tmp_path), "--metrics", "accuracy", "--plot", "accuracy,val_acc"])
     assert "--plot='accuracy,val_acc' is not allowed" in capsys.readouterr().err
+
+
+def test_curves_against_transfers_hold_each_seeds_accuracy_at_its_cost(tmp_path):
+    """--plot-x comm_cost (UM-pFSSL's Table 3 trade-off): seeds that reach different transfer
+    counts are averaged where each stands, a loop over the union of their costs as reference;
+    rounds without an evaluation (no accuracy) add no point."""
+    rng = np.random.default_rng(1)
+    points = {}
+    for seed in range(3):
+        cost = np.cumsum(rng.integers(20, 60, 8))  # cumulative, as the counters log it
+        acc = rng.uniform(0, 1, 8)
+        rows = [{"round": t + 1, "comm_cost": int(cost[t])} for t in range(8)]
+        for t in range(1, 8, 2):  # evaluated every other round
+            rows[t]["personal_acc"] = float(acc[t])
+        points[seed] = [(float(cost[t]), float(acc[t])) for t in range(1, 8, 2)]
+        _run(tmp_path / f"s{seed}", ["algorithm=um", f"seed={seed}"], rows)
+    got = curve_rows(tmp_path, ["personal_acc"], x="comm_cost")
+    grid = sorted({c for p in points.values() for c, _ in p})
+    assert [r["x"] for r in got] == grid
+    for r in got:
+        col = [v for v in (_last_at(points[s], r["x"]) for s in range(3)) if not np.isnan(v)]
+        assert r["seeds"] == len(col)
+        assert r["mean"] == pytest.approx(np.mean(col))

@@ -1,8 +1,9 @@
 """Curves of a sweep (`fedjax-semi-report DIR --plot M1,M2`): per metric one panel, per setting
-the mean over seeds of the metric against the round or the simulated clock, shaded ± its std
-over seeds (ddof = 1, as the tables), written to DIR/curves.png with the plotted points in
-DIR/curves.csv. A seed's curve is a step function (its last value at or before each x), so seeds
-evaluated at different clocks are averaged where each stands, as in the TTAP plot."""
+the mean over seeds of the metric against the round, the simulated clock or the whole-model
+transfers so far (`comm_cost`, UM-pFSSL's Table 3 trade-off), shaded ± its std over seeds
+(ddof = 1, as the tables), written to DIR/curves.png with the plotted points in DIR/curves.csv.
+A seed's curve is a step function (its last value at or before each x), so seeds evaluated at
+different clocks are averaged where each stands, as in the TTAP plot."""
 
 from __future__ import annotations
 
@@ -13,7 +14,12 @@ import numpy as np
 
 from fedjax_semi.results.report import eval_rows, grouped_runs
 
-X_AXES = {"round": "round", "sim_time": "simulated time (s)"}
+# Each x never falls within a run (comm_cost is cumulative), so a seed's curve is a step function.
+X_AXES = {
+    "round": "round",
+    "sim_time": "simulated time (s)",
+    "comm_cost": "whole-model transfers so far (comm_cost)",
+}
 CURVE_FIELDS = ("setting", "metric", "x", "mean", "std", "seeds")
 
 
