@@ -104,3 +104,16 @@ def test_curves_against_transfers_hold_each_seeds_accuracy_at_its_cost(tmp_path)
         col = [v for v in (_last_at(points[s], r["x"]) for s in range(3)) if not np.isnan(v)]
         assert r["seeds"] == len(col)
         assert r["mean"] == pytest.approx(np.mean(col))
+
+
+def test_a_repeated_x_keeps_the_later_round_and_a_setting_without_x_is_named(tmp_path, capsys):
+    """Local logs comm_cost 0 every round: its curve is its last evaluation there, not its best.
+    A setting that logs the metric but not the x axis is left out with a warning naming it."""
+    acc = [0.5, 0.9, 0.6]
+    _run(tmp_path / "local", ["algorithm=local", "seed=0"],
+         [{"round": t + 1, "comm_cost": 0, "accuracy": a} for t, a in enumerate(acc)])  # fmt: skip
+    _run(tmp_path / "other", ["algorithm=other", "seed=0"],
+         [{"round": t + 1, "accuracy": a} for t, a in enumerate(acc)])  # fmt: skip
+    got = curve_rows(tmp_path, ["accuracy"], x="comm_cost")
+    assert [(r["setting"], r["x"], r["mean"]) for r in got] == [("algorithm=local", 0.0, 0.6)]
+    assert "algorithm=other logs no comm_cost, left out" in capsys.readouterr().err

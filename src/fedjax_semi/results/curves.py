@@ -8,13 +8,14 @@ different clocks are averaged where each stands, as in the TTAP plot."""
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from fedjax_semi.results.report import eval_rows, grouped_runs
 
-# Each x never falls within a run (comm_cost is cumulative), so a seed's curve is a step function.
+# Each x is non-decreasing along a run (comm_cost is cumulative): a seed's curve is a step function.
 X_AXES = {
     "round": "round",
     "sim_time": "simulated time (s)",
@@ -29,7 +30,8 @@ def step_values(points: list[list[tuple[float, float]]]) -> tuple[np.ndarray, np
     grid = np.unique([x for pts in points for x, _ in pts])
     out = np.full((len(points), len(grid)), np.nan)
     for i, pts in enumerate(points):
-        xs, vs = np.array(sorted(pts), dtype=float).reshape(-1, 2).T
+        # by x alone, stably: where x repeats (Local's comm_cost stays 0) the later round wins
+        xs, vs = np.array(sorted(pts, key=lambda p: p[0]), dtype=float).reshape(-1, 2).T
         pos = np.searchsorted(xs, grid, side="right") - 1
         out[i] = np.where(pos >= 0, vs[np.maximum(pos, 0)], np.nan)
     return grid, out
@@ -45,7 +47,8 @@ def _short(labels: list[str]) -> dict[str, str]:
 
 def curve_rows(root: Path, metrics: list[str], x: str = "round") -> list[dict]:
     """The plotted points: per setting, metric and x, the mean and std over the seeds that have
-    reached x (std NaN with one seed)."""
+    reached x (std NaN with one seed). A setting that logs a metric but not x (most methods
+    count no `comm_cost`) is left out of that panel with a warning on stderr."""
     if x not in X_AXES:
         raise ValueError(f"--plot-x={x!r} is not allowed: one of {', '.join(X_AXES)}")
     out = []
@@ -55,6 +58,9 @@ def curve_rows(root: Path, metrics: list[str], x: str = "round") -> list[dict]:
             pts = [[(r[x], r[m]) for r in rs if r.get(m) is not None and x in r] for rs in rows]
             pts = [p for p in pts if p]
             if not pts:
+                if any(r.get(m) is not None for rs in rows for r in rs):
+                    print(f"fedjax-semi-report: warning: --plot {m}: {label} logs no {x}, "
+                          "left out", file=sys.stderr)  # fmt: skip
                 continue
             grid, vals = step_values(pts)
             for g, col in zip(grid, vals.T, strict=True):
