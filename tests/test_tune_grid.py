@@ -34,7 +34,8 @@ def tuned(tmp_path_factory):
                     fake_trial(tmp_path / "sweep", f"{alg}-{lr}-{e}-{seed}", ov, v)
     grid = ["--grid", f"algorithm.lr={','.join(LRS)}", "--grid", "algorithm.local_epochs=1,2"]
     assert tune(conf, tmp_path, "--seeds", "0,1", *grid) == 0
-    return (tmp_path / "sweep" / "tuned.json").read_text(), values
+    md = (tmp_path / "sweep" / "tuned.md").read_text()
+    return (tmp_path / "sweep" / "tuned.json").read_text(), values, md
 
 
 def cells(text: str) -> dict[str, list[str]]:
@@ -63,8 +64,10 @@ def test_every_cell_is_its_points_seeds_and_the_choice_is_marked(tuned, capsys):
     best = max(means, key=means.get)
     marked = [(lr, e) for lr in LRS for j, e in enumerate(EPOCHS) if got[lr][j].startswith("**[")]
     assert marked == [best]
-    both = grid_table(record, "algorithm.lr", "algorithm.local_epochs")
+    both = grid_table(record, "algorithm.lr", "algorithm.local_epochs", per_seed=True)
     assert both.count("| lr \\ local_epochs |") == 2  # one table per tuned row
+    # The tuner writes the same two-way tables into tuned.md for a two-knob grid.
+    assert "Two-way (seed values in brackets):\n\n" + both in tuned[2]
 
 
 def test_a_third_axis_must_be_fixed_and_unknown_keys_are_named(tuned, tmp_path, capsys):

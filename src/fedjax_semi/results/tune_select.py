@@ -22,6 +22,7 @@ import numpy as np
 import yaml
 
 from fedjax_semi.results.report import cut_value
+from fedjax_semi.results.tune_grid import grid_table
 from fedjax_semi.results.tune_plan import LR, Plan, added_by_row, row_label, trial_id
 from fedjax_semi.tuned import diverged, run_complete
 
@@ -330,12 +331,6 @@ def write_outputs(
     if edge_lines:
         print("fedjax-semi-tune: chosen at the grid's edge (the best may lie past it; add the "
               "next value, the trials run are reused):", *edge_lines, sep="\n")  # fmt: skip
-    doc = ["# Tuning of " + plan.preset, "", *header, "", "[value] = chosen.", "", md]
-    if edge_lines:
-        doc += ["", "Chosen at the grid's edge (the best may lie past it):", *edge_lines]
-    if missing:
-        doc += ["", f"{len(missing)} trials not finished:", *(f"- {m}" for m in missing)]
-    (plan.sweep_dir / "tuned.md").write_text("\n".join(doc) + "\n")
     record = {
         "preset": plan.preset, "date": date, "holdout": plan.holdout, "seeds": plan.seeds,
         "grid": plan.grid, "metric": metric, "last_k": cut.last_k,
@@ -348,6 +343,17 @@ def write_outputs(
         "missing": missing,
     }  # fmt: skip
     (plan.sweep_dir / "tuned.json").write_text(json.dumps(record, indent=1))
+    doc = ["# Tuning of " + plan.preset, "", *header, "", "[value] = chosen.", "", md]
+    two_way = [k for k, v in plan.all_values().items() if len(v) > 1]
+    if len(two_way) == 2 and all(s == [{}] for s in plan.settings):
+        # A joint search over two knobs, laid out one down and one across (tune_grid.py).
+        doc += ["", "Two-way (seed values in brackets):", ""]
+        doc += [grid_table(record, *two_way, per_seed=True)]
+    if edge_lines:
+        doc += ["", "Chosen at the grid's edge (the best may lie past it):", *edge_lines]
+    if missing:
+        doc += ["", f"{len(missing)} trials not finished:", *(f"- {m}" for m in missing)]
+    (plan.sweep_dir / "tuned.md").write_text("\n".join(doc) + "\n")
     if missing:
         print(f"fedjax-semi-tune: {len(missing)} trials did not finish (listed in "
               f"{plan.sweep_dir}/tuned.md); rerun the same command to run them; "
