@@ -99,3 +99,14 @@ def test_a_third_axis_must_be_fixed_and_unknown_keys_are_named(tuned, tmp_path, 
     with pytest.raises(SystemExit):
         main([str(f), "--rows", "algorithm.lr", "--cols", "x", "--at", "lr"])
     assert "--at='lr' is not allowed: write KEY=VALUE" in capsys.readouterr().err
+
+
+def test_a_bad_at_is_named_and_a_diverged_seed_reads_as_the_tuners(tuned):
+    record = json.loads(tuned[0])
+    for at in ({"algorithm.local_epochs": "2.0"}, {"algorithm.psi": "1"}, {"algorithm.lr": "0.3"}):
+        with pytest.raises(ValueError, match=f"--at {next(iter(at))}=.* is not allowed"):
+            grid_table(record, "algorithm.lr", "algorithm.local_epochs", at=at)
+    record["rows"][0]["points"][0]["values"] = [float("nan"), 0.5]
+    text = grid_table(record, "algorithm.lr", "algorithm.local_epochs",
+                      row={"algorithm": "fedavg"})  # fmt: skip
+    assert "| diverged (NaN / 0.500) |" in text

@@ -7,7 +7,9 @@ The tuner's own table (``tuned.md``) has one column per grid point; a joint sear
 knobs (ψ × β, lr × q0) reads better laid out with one knob down and one across. Each cell is
 the mean ± std over the tuning seeds and, with ``--per-seed``, the seed values in brackets;
 the tuner's choice is marked ``**[...]**``. The other axes must hold one value among the points
-shown (fix them with ``--at KEY=VALUE``): a cell reads exactly one grid point.
+shown (fix them with ``--at KEY=VALUE``): a cell reads exactly one grid point. A diverged seed
+reads ``diverged (NaN / ...)`` as in the tuner's table. Knobs searched with ``--knobs`` are not
+grid axes here (they live in each point, not in the row's grid), so they cannot be laid out.
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ def _cell(values: list[float | None], chosen: bool, digits: int, per_seed: bool)
         done = sum(v is not None for v in values)
         return f"– ({done}/{len(values)} seeds)"
     vals = np.asarray(values, dtype=float)
+    if not np.isfinite(vals).all():  # as the tuner's table: never a candidate
+        return (
+            "diverged ("
+            + " / ".join("NaN" if not np.isfinite(v) else f"{v:.{digits}f}" for v in vals)
+            + ")"
+        )
     text = f"{vals.mean():.{digits}f}"
     if len(vals) > 1:
         text += f" ± {vals.std(ddof=1):.{digits}f}"
@@ -70,12 +78,22 @@ def grid_table(
             if key not in entry["grid"]:
                 have = list(entry["grid"])
                 raise ValueError(f"--rows/--cols key {key!r} is not in the grid: {have}")
+        for key, value in at.items():
+            if key in (rows, cols) or value not in entry["grid"].get(key, []):
+                allowed = [k for k in entry["grid"] if k not in (rows, cols)]
+                raise ValueError(
+                    f"--at {key}={value} is not allowed: name another grid key and one of its "
+                    f"values as the grid writes it ({ {k: entry['grid'][k] for k in allowed} })"
+                )
         points = [p for p in entry["points"] if _matches(p["point"], at)]
         cells: dict[tuple[str, str], dict] = {}
         for p in points:
             where = (p["point"][rows], p["point"][cols])
             if where in cells:
-                other = [k for k in p["point"] if p["point"][k] != cells[where]["point"][k]]
+                first = cells[where]["point"]
+                other = sorted(
+                    k for k in {*p["point"], *first} if p["point"].get(k) != first.get(k)
+                )
                 raise ValueError(
                     f"two points in the cell {rows}={where[0]}, {cols}={where[1]}: they differ in "
                     f"{other}; fix it with --at KEY=VALUE"
@@ -85,7 +103,7 @@ def grid_table(
         across = sorted({c for _, c in cells}, key=_num)
         label = " ".join(f"{k}={v}" for k, v in entry["row"].items())
         others = [(k, v) for p in points for k, v in p["point"].items() if k not in (rows, cols)]
-        fixed = sorted(set(others))  # one value each, or a cell would have held two points
+        fixed = sorted(set(others))  # the tuner's grids are products: one value each here
         head = label + "".join(f", {k}={v}" for k, v in fixed)
         short = lambda k: k.split(".")[-1]  # noqa: E731
         lines = [
