@@ -90,6 +90,9 @@ def test_a_third_axis_must_be_fixed_and_unknown_keys_are_named(tuned, tmp_path, 
                      row={"algorithm": "local"}, at={"algorithm.beta": "0.3"})  # fmt: skip
     assert one.splitlines()[0] == "algorithm=local, algorithm.beta=0.3"
     assert len(cells(one)) == 3
+    with pytest.raises(ValueError, match=r"--at algorithm.beta=0.30 is not allowed"):
+        grid_table(record, "algorithm.lr", "algorithm.local_epochs",
+                   row={"algorithm": "local"}, at={"algorithm.beta": "0.30"})  # fmt: skip
     f = tmp_path / "tuned.json"
     f.write_text(json.dumps(record))
     with pytest.raises(SystemExit):
