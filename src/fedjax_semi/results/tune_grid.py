@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from fedjax_semi.results.tune_plan import row_label
+
 
 def _num(text: str) -> tuple[float, str]:
     """Sort key: numbers by value, other values after them by their text."""
@@ -31,7 +33,10 @@ def _num(text: str) -> tuple[float, str]:
         return math.inf, text
 
 
-def _cell(values: list[float | None], chosen: bool, digits: int, per_seed: bool) -> str:
+def cell_text(values: list[float | None], chosen: bool, digits: int, per_seed: bool) -> str:
+    """A grid point's cell: mean ± std over the seeds, the seeds with ``per_seed``, the choice
+    as ``**[...]**``; a missing seed as `– (k/n seeds)`, a diverged one as `diverged (NaN /
+    ...)`. The tuner's own table uses it too (4 digits, its diverged cell shorter)."""
     if any(v is None for v in values):
         done = sum(v is not None for v in values)
         return f"– ({done}/{len(values)} seeds)"
@@ -101,10 +106,9 @@ def grid_table(
             cells[where] = p
         down = sorted({r for r, _ in cells}, key=_num)
         across = sorted({c for _, c in cells}, key=_num)
-        label = " ".join(f"{k}={v}" for k, v in entry["row"].items())
         others = [(k, v) for p in points for k, v in p["point"].items() if k not in (rows, cols)]
         fixed = sorted(set(others))  # the tuner's grids are products: one value each here
-        head = label + "".join(f", {k}={v}" for k, v in fixed)
+        head = row_label(entry["row"]) + "".join(f", {k}={v}" for k, v in fixed)
         short = lambda k: k.split(".")[-1]  # noqa: E731
         lines = [
             head,
@@ -116,7 +120,7 @@ def grid_table(
             found = [cells.get((r, c)) for c in across]
             chosen = [p is not None and p["point"] == entry["chosen"] for p in found]
             text = [
-                "" if p is None else _cell(p["values"], c, digits, per_seed)
+                "" if p is None else cell_text(p["values"], c, digits, per_seed)
                 for p, c in zip(found, chosen, strict=True)
             ]
             lines.append(f"| {r} | " + " | ".join(text) + " |")

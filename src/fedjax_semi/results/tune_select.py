@@ -22,7 +22,7 @@ import numpy as np
 import yaml
 
 from fedjax_semi.results.report import cut_value
-from fedjax_semi.results.tune_grid import grid_table
+from fedjax_semi.results.tune_grid import cell_text, grid_table
 from fedjax_semi.results.tune_plan import LR, Plan, added_by_row, row_label, trial_id
 from fedjax_semi.tuned import diverged, run_complete
 
@@ -213,14 +213,9 @@ def next_values(plan: Plan, choices: list[Choice]) -> list[dict[str, list[str]]]
 
 
 def _cell(p: PointResult, chosen: bool) -> str:
-    if any(v is None for v in p.values):
-        done = sum(v is not None for v in p.values)
-        return f"– ({done}/{len(p.values)} seeds)"
-    if not p.complete:
-        return "diverged"
-    vals = np.asarray(p.values)
-    text = f"{vals.mean():.4f}" + (f" ± {vals.std(ddof=1):.4f}" if len(vals) > 1 else "")
-    return f"**[{text}]**" if chosen else text
+    if p.complete or any(v is None for v in p.values):
+        return cell_text(p.values, chosen, digits=4, per_seed=False)
+    return "diverged"  # every seed finished, one not finite: never a candidate
 
 
 def table(plan: Plan, results: list[list[PointResult]], choices: list[Choice]) -> str:
