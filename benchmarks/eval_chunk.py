@@ -6,7 +6,8 @@ one run: how many clients' evaluations one vmapped step takes.
 
 Prints one JSON line per workload and appends it to benchmarks/results/eval_chunk.jsonl: the
 median seconds of one evaluation at each chunk (the same state, the chunks timed in turn, round
-robin, so a change of load reaches them all alike), each as a ratio to the CPU config's
+robin, the order rotated on every repeat, so neither a change of load nor a position in the
+order favours one chunk), each as a ratio to the CPU config's
 former `eval_chunk` (`--baseline`, 20), the largest difference between any chunk's metrics and the
 first chunk's, and the largest difference of an accuracy (the chunks must agree: an evaluation
 is the same function of the same state; float sums may differ in the last bits). The state is
@@ -25,7 +26,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from common import RESULTS, compose, emit, environment
+from common import RESULTS, compose, emit, environment, revision
 from fedjax_semi import experiment
 
 WORKLOADS = {
@@ -68,17 +69,17 @@ def measure(name: str, chunks: list[str], repeats: int, baseline: str) -> dict:
         t0 = time.perf_counter()
         metrics[c] = _numbers(jax.device_get(jax.block_until_ready(r.evaluate(state))))
         first[c] = time.perf_counter() - t0
-    for _ in range(repeats):
-        for c, r in runners.items():
+    for i in range(repeats):
+        for c in chunks[i % len(chunks) :] + chunks[: i % len(chunks)]:  # rotated order
             t0 = time.perf_counter()
-            jax.block_until_ready(r.evaluate(state))
+            jax.block_until_ready(runners[c].evaluate(state))
             times[c].append(time.perf_counter() - t0)
     median = {c: float(np.median(t)) for c, t in times.items()}
     ref = metrics[chunks[0]]
-    diffs = {
-        k: max(float(np.max(np.abs(m[k] - ref[k]))) for m in metrics.values() if k in m)
-        for k in ref
-    }
+    keys = {k for m in metrics.values() for k in m}
+    if any(set(m) != keys or any(m[k].shape != ref[k].shape for k in m) for m in metrics.values()):
+        raise SystemExit(f"{name}: the chunks' evaluations return different metrics or shapes")
+    diffs = {k: max(float(np.max(np.abs(m[k] - ref[k]))) for m in metrics.values()) for k in ref}
     worst = max(diffs, key=diffs.get) if diffs else None
     return {
         "workload": name,
@@ -89,9 +90,7 @@ def measure(name: str, chunks: list[str], repeats: int, baseline: str) -> dict:
         "eval_s": median,
         "eval_s_all": times,
         "first_call_s": first,
-        "speedup_over_baseline": {c: median[baseline] / median[c] for c in chunks}
-        if baseline in median
-        else None,
+        "speedup_over_baseline": {c: median[baseline] / median[c] for c in chunks},
         "baseline_chunk": baseline,
         "max_metric_diff": diffs.get(worst, 0.0),
         "max_metric_diff_key": worst,
@@ -117,10 +116,15 @@ def main() -> None:
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         raise SystemExit(f"--workloads: {unknown} not allowed: one of {sorted(WORKLOADS)}")
-    env = environment()
+    if args.baseline not in chunks:
+        raise SystemExit(f"--baseline: {args.baseline!r} not allowed: one of --chunks {chunks}")
+    commit = revision(None)
     for name in names:
-        emit({"bench": "eval_chunk", **measure(name, chunks, args.repeats, args.baseline), **env},
-             Path(args.out))  # fmt: skip
+        before = environment()  # date and load per workload, read before and after it
+        record = measure(name, chunks, args.repeats, args.baseline)
+        after = environment()["load_1m"]
+        line = {"bench": "eval_chunk", **record, **before, "load_1m_after": after}
+        emit({**line, "data": "real", "revision": commit}, Path(args.out))
 
 
 if __name__ == "__main__":
