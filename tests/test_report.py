@@ -148,6 +148,21 @@ def test_rows_export_tags_setting_and_seed(tmp_path, capsys):
     }
 
 
+def test_runs_committed_without_hydra_take_their_seed_from_run_config(tmp_path, capsys):
+    # A results directory keeps metrics.jsonl, run_config.json and summary.json only.
+    for seed in (3, 4):
+        d = tmp_path / f"s{seed}"
+        _run(d, [], lambda t: t / 10)
+        (d / "run_config.json").write_text(json.dumps({"seed": seed}))
+        for f in (d / ".hydra").iterdir():
+            f.unlink()
+        (d / ".hydra").rmdir()
+    rows_path = tmp_path / "rows.jsonl"
+    report_main([str(tmp_path), "--metrics", "personal_acc", "--rows", str(rows_path)])
+    rows = [json.loads(ln) for ln in rows_path.read_text().splitlines()]
+    assert sorted({r["seed"] for r in rows}) == [3, 4]
+
+
 def test_paired_differences_against_the_reference_seed_by_seed(tmp_path, capsys):
     """Each setting minus the reference run of the same seed: mean ± std (ddof=1) of the
     differences, the pair count and the seeds above; a seed the reference lacks is left out."""

@@ -50,12 +50,19 @@ def _natural(path: Path) -> list:
 
 
 def find_runs(root: Path) -> list[dict]:
-    """Every run under root that has a summary.json, with its config and overrides."""
+    """Every run under root that has a summary.json, with its config and overrides. The config
+    is Hydra's (`.hydra/config.yaml`), else the run's `run_config.json`: a run directory
+    committed without `.hydra/` still has its seed, its algorithm and its paper."""
     runs = []
     for summary_path in sorted(Path(root).rglob("summary.json"), key=_natural):
         d = summary_path.parent
         cfg_path, ov_path = d / ".hydra" / "config.yaml", d / ".hydra" / "overrides.yaml"
-        cfg = yaml.safe_load(cfg_path.read_text()) if cfg_path.exists() else {}
+        if cfg_path.exists():
+            cfg = yaml.safe_load(cfg_path.read_text())
+        elif (d / "run_config.json").exists():
+            cfg = json.loads((d / "run_config.json").read_text())
+        else:
+            cfg = {}
         overrides = yaml.safe_load(ov_path.read_text()) if ov_path.exists() else []
         seeds = [_split(o)[1] for o in overrides or [] if _split(o)[0] in SEED_KEYS]
         seed = _get(cfg or {}, "seed")
