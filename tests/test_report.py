@@ -4,6 +4,7 @@ written by the test (metrics.jsonl rows, no training)."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -154,9 +155,7 @@ def test_runs_committed_without_hydra_take_their_seed_from_run_config(tmp_path, 
         d = tmp_path / f"s{seed}"
         _run(d, [], lambda t: t / 10)
         (d / "run_config.json").write_text(json.dumps({"seed": seed}))
-        for f in (d / ".hydra").iterdir():
-            f.unlink()
-        (d / ".hydra").rmdir()
+        shutil.rmtree(d / ".hydra")
     rows_path = tmp_path / "rows.jsonl"
     report_main([str(tmp_path), "--metrics", "personal_acc", "--rows", str(rows_path)])
     rows = [json.loads(ln) for ln in rows_path.read_text().splitlines()]

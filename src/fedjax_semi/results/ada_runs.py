@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_semi.results.report import eval_rows, grouped_runs, mean_std
+from fedjax_semi.results.report import eval_rows, mean_std
+from fedjax_semi.results.sweep_runs import grouped_runs
 
 TIME, TRAFFIC = "cum_time_min", "cum_traffic_gb"
 

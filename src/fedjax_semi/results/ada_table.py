@@ -19,7 +19,7 @@ the preset carries (its `paper:` rows) beside ours.
         and largest drop (results/ada_teacher.py).
 
 Each seed's run directory (a seed_<s>/ of replicas, or a run) is read as `fedjax-semi-report`
-finds and groups it (`report.grouped_runs`: the seeds of one setting together). Its rows come
+finds and groups it (`sweep_runs.grouped_runs`: the seeds of one setting together). Its rows come
 from metrics.jsonl: the test accuracy `accuracy` and the cumulative `cum_time_min`,
 `cum_traffic_gb` after each round. A run ends with its first `done` row (the round that spent
 an algorithm budget); "within the budget" means a round that ended at or before it.

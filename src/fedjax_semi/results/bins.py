@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_semi.results.report import _get, grouped_runs
+from fedjax_semi.results.sweep_runs import _get, grouped_runs
 
 NO_COHORTS = (
     "no participations: its summary.json has no evaluated round or its metrics.jsonl does not "

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_semi.results.report import eval_rows, grouped_runs
+from fedjax_semi.results.report import eval_rows
+from fedjax_semi.results.sweep_runs import grouped_runs
 
 # Each x is non-decreasing along a run (comm_cost is cumulative): a seed's curve is a step function.
 X_AXES = {

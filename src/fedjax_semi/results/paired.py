@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_semi.results.report import _check_cut, grouped_runs, is_fraction, mean_std, run_value
+from fedjax_semi.results.report import _check_cut, is_fraction, mean_std, run_value
+from fedjax_semi.results.sweep_runs import grouped_runs
 
 
 def reference_setting(labels: list[str], tokens: list[str]) -> str:

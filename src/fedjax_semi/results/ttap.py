@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from fedjax_semi.results.curves import step_values
-from fedjax_semi.results.report import _get, find_runs
+from fedjax_semi.results.sweep_runs import _get, find_runs
 
 TTAP_FIELDS = ("method", "dataset", "partition", "seed", "round", "clock", "cls_acc", "lab_acc")
 
