@@ -185,3 +185,14 @@ def test_old_keys_through_the_real_cli(tmp_path):
     line = _one_error_line(_cli(tmp_path, "+experiment=old_keys", conf=conf))
     assert line == "partition.cofed_min_classes moved to partition.cofed.min_classes"
     assert not (tmp_path / "run").exists()
+
+
+def test_hardware_schema_defaults_are_the_cpu_presets():
+    """HardwareConfig's defaults are what `hardware=cpu` (the default group) composes to, so a
+    Config built in Python runs like the command line's default (and the defaults cannot drift
+    from the preset a later benchmark retunes)."""
+    from fedjax_semi.config import HardwareConfig
+
+    composed = compose_config(small=False).hardware
+    assert composed.name == "cpu"
+    assert dataclasses.asdict(composed) == dataclasses.asdict(HardwareConfig())

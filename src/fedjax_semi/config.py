@@ -157,17 +157,20 @@ class ModelConfig:
 
 @dataclass
 class HardwareConfig:
+    """The schema of conf/hardware/*.yaml; its defaults are the `cpu` preset's (a test holds them
+    equal), so a config built without Hydra runs like `hardware=cpu`."""
+
     name: str = "cpu"
     # Clients mapped per vmap chunk: a positive integer, "all" (pure vmap) or "auto" (the fastest
     # of a few sizes, timed on the first round; see engine/simulate.py `Runner._tune`).
-    chunk: Any = 10
-    eval_chunk: Any = 20
+    chunk: Any = 1
+    eval_chunk: Any = 1
     eval_batch: int = 1000
     # jit: one compiled program per round; reference: a Python loop of per-client jitted steps.
     backend: str = "jit"
     devices: Any = 1  # number of devices the client axis is sharded over, or "all"
     # With replicas > 1: seeds mapped per chunk, like clients ("all": one vmap; 1: a loop).
-    replica_chunk: Any = "all"
+    replica_chunk: Any = 1
     # XLA's persistent compilation cache (compile_cache.py): "auto" is $JAX_COMPILATION_CACHE_DIR
     # or ${XDG_CACHE_HOME:-~/.cache}/fedjax_semi/xla; a directory; or "off". A repeated job
     # loads its compiled programs instead of compiling them.
